@@ -1,0 +1,164 @@
+/*
+ * idem/claim.h: claiming an idempotency key and answering duplicates.
+ *
+ * A claim is decided by an INSERT into the composite UNIQUE index
+ * (scope, business_type, key), never by a read: a read before the INSERT may
+ * answer a duplicate of a completed request (completed records are
+ * immutable), but finding nothing decides nothing.
+ *
+ * Two ways to run a request:
+ *  - atomic (idem_execute): claim, business writes and completion in one
+ *    transaction. Nothing PROCESSING is ever committed.
+ *  - two-phase (idem_claim_begin / _complete / _abort): the claim commits
+ *    PROCESSING with a lease, for work that calls outside the database.
+ */
+#ifndef IDEM_CLAIM_H
+#define IDEM_CLAIM_H
+
+#include "common.h"
+#include "store.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What a claim found. Not errors: every one is a correct answer. */
+typedef enum {
+	IDEM_FIRST = 1,       /* the INSERT won (or took over an expired record): execute */
+	IDEM_REPLAY = 2,      /* completed with the same fingerprint: answer the stored response */
+	IDEM_IN_PROGRESS = 3, /* PROCESSING under a live lease: answer 409 + Retry-After */
+	IDEM_MISMATCH = 4,    /* the key was used with another fingerprint: answer 422 */
+} idem_outcome;
+
+#define IDEM_OUTCOME_COUNT 4
+
+/* Stable lower-case name: "first", "replay", "in_progress", "mismatch". */
+IDEM_EXTERN const char *idem_outcome_name(idem_outcome o);
+
+/* Limits on the parts of a key. */
+#define IDEM_SCOPE_MAX 128
+#define IDEM_TYPE_MAX 64
+#define IDEM_KEY_MAX 255
+#define IDEM_FINGERPRINT_LEN 64 /* lower-case hex SHA-256 */
+
+#define IDEM_REQUEST_VERSION 1
+
+/* One request to claim. All strings are borrowed for the call. */
+typedef struct {
+	unsigned int version;      /* IDEM_REQUEST_VERSION */
+	const char *scope;         /* merchant or channel id: 1..128 bytes of 0x21..0x7E */
+	const char *business_type; /* 1..64 bytes of [a-z0-9_] */
+	const char *key;           /* the idempotency key: see idem_key_validate */
+	size_t key_len;
+	const char *fingerprint;   /* 64 lower-case hex chars (idem_fingerprint) */
+	int64_t ttl_ms;            /* retention; 0: the store's default */
+	int64_t lease_ms;          /* two-phase lease; 0: the store's default */
+} idem_request;
+
+#define IDEM_REQUEST_INIT { IDEM_REQUEST_VERSION, NULL, NULL, NULL, 0, NULL, 0, 0 }
+
+/* The answer for one request. */
+typedef struct {
+	idem_outcome outcome;
+	int http_status;           /* REPLAY, and FIRST after the work: the response status */
+	unsigned char *body;       /* owned; free with idem_result_clear */
+	size_t body_len;
+	int stored;                /* FIRST: 1 when the response was committed with the record */
+	int64_t retry_after_ms;    /* IN_PROGRESS: time left on the holder's lease */
+} idem_result;
+
+/* Free what a result owns and zero it. NULL is accepted. */
+IDEM_EXTERN void idem_result_clear(idem_result *res);
+
+/* What a unit of work answers. */
+typedef struct {
+	int http_status;           /* 100..599 */
+	unsigned char *body;       /* malloc'd; the library takes ownership */
+	size_t body_len;
+	int persist;               /* 1 (default): store it; 0: roll the unit back, answer once */
+} idem_response;
+
+/*
+ * Set resp's status and a copy of body. Returns 0 or IDEM_ENOMEM.
+ * Replaces (and frees) a body set before.
+ */
+IDEM_EXTERN int idem_response_set(idem_response *resp, int http_status, const void *body,
+				  size_t len);
+
+/*
+ * The unit of work: business writes through txn (idem_txn_exec/_query), then
+ * fill resp. Return 0 to commit the unit with the record completed (status
+ * SUCCEEDED for 2xx, FAILED otherwise), or a negative idem error to roll the
+ * unit back, claim included. IDEM_ERETRY reruns it (so it must be safe to
+ * run again: only its transaction may have effects). The unit may share its
+ * transaction with other units (group commit): it must not COMMIT, ROLLBACK
+ * or run DDL that ends a transaction.
+ */
+typedef int (*idem_work_fn)(idem_txn *txn, void *ctx, idem_response *resp);
+
+/*
+ * Atomic mode: claim req and, when FIRST, run work and complete the record in
+ * the same transaction.
+ * out:  receives the outcome and the response (FIRST: the work's; REPLAY: the
+ *       stored one). Clear it with idem_result_clear, also after an error.
+ * Returns 0 with an outcome, or a negative error with nothing committed:
+ * a store failure is never reported as a duplicate.
+ */
+IDEM_EXTERN int idem_execute(idem_result *out, idem_store *store, const idem_request *req,
+			     idem_work_fn work, void *ctx);
+
+/* Two-phase mode. */
+typedef struct idem_claim idem_claim;
+
+/*
+ * Claim req and commit it PROCESSING with a lease when FIRST.
+ * out_claim: receives a claim handle when the outcome is FIRST (NULL otherwise);
+ *            finish it with idem_claim_complete or idem_claim_abort, then free it.
+ * out:       receives the outcome (and the stored response for REPLAY).
+ */
+IDEM_EXTERN int idem_claim_begin(idem_claim **out_claim, idem_result *out, idem_store *store,
+				 const idem_request *req);
+
+/*
+ * Store the response and mark the record SUCCEEDED (2xx) or FAILED.
+ * Returns 0; IDEM_ELEASE when the lease was lost to a takeover (the response
+ * is not stored; the new owner's answer wins); store errors otherwise.
+ */
+IDEM_EXTERN int idem_claim_complete(idem_claim *claim, int http_status, const void *body,
+				    size_t len);
+
+/* Push the lease out to now + lease_ms. IDEM_ELEASE when it was lost. */
+IDEM_EXTERN int idem_claim_extend(idem_claim *claim, int64_t lease_ms);
+
+/*
+ * Release a claim whose work failed before any effect: the record is deleted
+ * so the next request runs afresh. IDEM_ELEASE when it was lost already.
+ */
+IDEM_EXTERN int idem_claim_abort(idem_claim *claim);
+
+/* Free a claim handle. Does not complete or abort it. NULL is accepted. */
+IDEM_EXTERN void idem_claim_free(idem_claim *claim);
+
+/* A stored record, as idem_record_get reads it. */
+typedef struct {
+	char status[16];           /* "PROCESSING", "SUCCEEDED", "FAILED" */
+	int http_status;           /* 0 while PROCESSING */
+	char fingerprint[IDEM_FINGERPRINT_LEN + 1];
+	int64_t created_at_ms, expires_at_ms, lease_until_ms;
+	unsigned char *body;       /* owned; free with idem_record_info_clear */
+	size_t body_len;
+} idem_record_info;
+
+/*
+ * Read the record of (scope, business_type, key) from a read connection.
+ * Returns 0, IDEM_ENOTFOUND, or a store error.
+ */
+IDEM_EXTERN int idem_record_get(idem_record_info *out, idem_store *store, const char *scope,
+				const char *business_type, const char *key, size_t key_len);
+
+IDEM_EXTERN void idem_record_info_clear(idem_record_info *info);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,500 @@
+/*
+ * core/claim.c: the claim protocol. Decides FIRST / REPLAY / IN_PROGRESS /
+ * MISMATCH from what the store's INSERT and reads return; holds no SQL.
+ *
+ * Why this is exactly-once. Only rec_insert (an INSERT into the UNIQUE index
+ * over (scope, business_type, key)) or rec_takeover (an UPDATE conditional on
+ * the version read in the same transaction) can make a caller FIRST, and
+ * both happen in the write transaction that also runs the work (atomic mode)
+ * or commits the lease (two-phase). Two callers cannot both insert the same
+ * key: the database lets one INSERT win and makes the other wait for that
+ * transaction and then report the conflict. Two callers cannot both take over
+ * the same record: the UPDATE matches only the version both read, and after
+ * the first one commits the version has changed. The read-connection fast
+ * path only ever answers REPLAY, MISMATCH or IN_PROGRESS, never FIRST.
+ *
+ * Errors are never outcomes: any failure of the store returns a negative
+ * code with the transaction rolled back, so nothing is half-applied.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "idem/claim.h"
+#include "idem/metrics.h"
+#include "idem/util.h"
+#include "store/store.h"
+#include "util/error.h"
+#include "util/rand.h"
+
+#define OUTCOME_TAKEOVER 0
+
+struct idem_claim {
+	idem_store *store;
+	int64_t id;
+	char owner[33];
+	char type[IDEM_TYPE_MAX + 1];
+};
+
+const char *idem_outcome_name(idem_outcome o)
+{
+	switch (o) {
+	case IDEM_FIRST: return "first";
+	case IDEM_REPLAY: return "replay";
+	case IDEM_IN_PROGRESS: return "in_progress";
+	case IDEM_MISMATCH: return "mismatch";
+	}
+	return "error";
+}
+
+void idem_result_clear(idem_result *res)
+{
+	if (!res)
+		return;
+	free(res->body);
+	memset(res, 0, sizeof(*res));
+}
+
+int idem_response_set(idem_response *resp, int http_status, const void *body, size_t len)
+{
+	unsigned char *copy = malloc(len ? len : 1);
+
+	if (!copy)
+		return idem__error(IDEM_ENOMEM, "out of memory");
+	if (len)
+		memcpy(copy, body, len);
+	free(resp->body);
+	resp->http_status = http_status;
+	resp->body = copy;
+	resp->body_len = len;
+	return 0;
+}
+
+static int type_validate(const char *s)
+{
+	size_t n = s ? strlen(s) : 0;
+
+	if (n == 0 || n > IDEM_TYPE_MAX)
+		return IDEM_EINVAL;
+	for (size_t i = 0; i < n; i++)
+		if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '_'))
+			return IDEM_EINVAL;
+	return 0;
+}
+
+static int fingerprint_validate(const char *s)
+{
+	if (!s || strlen(s) != IDEM_FINGERPRINT_LEN)
+		return IDEM_EINVAL;
+	for (size_t i = 0; i < IDEM_FINGERPRINT_LEN; i++)
+		if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+			return IDEM_EINVAL;
+	return 0;
+}
+
+static int key_from_parts(idem__key *k, const char *scope, const char *type, const char *key,
+			  size_t key_len)
+{
+	if (!scope || idem_token_validate(scope, strlen(scope), IDEM_SCOPE_MAX) < 0)
+		return idem__error(IDEM_EINVAL, "scope must be 1..%d bytes of 0x21..0x7E",
+				   IDEM_SCOPE_MAX);
+	if (type_validate(type) < 0)
+		return idem__error(IDEM_EINVAL, "business type must be 1..%d of [a-z0-9_]",
+				   IDEM_TYPE_MAX);
+	if (!key || idem_key_validate(key, key_len) < 0)
+		return idem__error(IDEM_EINVAL, "idempotency key must be 1..%d bytes of 0x21..0x7E",
+				   IDEM_KEY_MAX);
+	k->scope = scope;
+	k->scope_len = strlen(scope);
+	k->type = type;
+	k->type_len = strlen(type);
+	k->key = key;
+	k->key_len = key_len;
+	return 0;
+}
+
+static int request_key(idem__key *k, const idem_request *req)
+{
+	if (!req || req->version != IDEM_REQUEST_VERSION)
+		return idem__error(IDEM_EINVAL, "idem_request missing or of another version");
+	if (fingerprint_validate(req->fingerprint) < 0)
+		return idem__error(IDEM_EINVAL, "fingerprint must be 64 lower-case hex digits");
+	if (req->ttl_ms < 0 || req->lease_ms < 0)
+		return idem__error(IDEM_EINVAL, "ttl and lease must not be negative");
+	return key_from_parts(k, req->scope, req->business_type, req->key, req->key_len);
+}
+
+/*
+ * What an existing record means for a caller with fingerprint fp at now.
+ * A PROCESSING record is governed by its lease alone (a live lease is never
+ * taken over, even past expires_at); a completed one by expires_at.
+ */
+static int classify(const idem__record *ex, const char *fp, int64_t now)
+{
+	if (ex->status == IDEM__ST_PROCESSING ? ex->lease_until <= now : ex->expires_at <= now)
+		return OUTCOME_TAKEOVER;
+	if (strcmp(ex->fingerprint, fp) != 0)
+		return IDEM_MISMATCH;
+	if (ex->status == IDEM__ST_PROCESSING)
+		return IDEM_IN_PROGRESS;
+	return IDEM_REPLAY;
+}
+
+/* Fill out for a non-FIRST outcome; takes ex's body for REPLAY. */
+static void answer_from(idem_result *out, int outcome, idem__record *ex, int64_t now)
+{
+	out->outcome = (idem_outcome)outcome;
+	if (outcome == IDEM_REPLAY) {
+		out->http_status = ex->http_status;
+		out->body = ex->body;
+		out->body_len = ex->body_len;
+		ex->body = NULL;
+		ex->body_len = 0;
+	} else if (outcome == IDEM_IN_PROGRESS) {
+		out->retry_after_ms = ex->lease_until > now ? ex->lease_until - now : 0;
+	}
+}
+
+/*
+ * The read before the write (DESIGN.md §3): a completed record is immutable,
+ * so finding one answers the duplicate with no write at all. Returns 1 when
+ * out is answered, 0 when the write path must decide, or an error.
+ */
+static int fast_path(idem_store *s, const idem__key *k, const char *fp, idem_result *out)
+{
+	idem__record ex = {0};
+	int64_t now = idem_store_now(s);
+	int rc = s->ops->rec_read(s->be, k, &ex);
+	int outcome;
+
+	if (rc == IDEM_ENOTFOUND)
+		return 0;
+	if (rc < 0)
+		return rc;
+	outcome = classify(&ex, fp, now);
+	if (outcome != OUTCOME_TAKEOVER)
+		answer_from(out, outcome, &ex, now);
+	idem__record_clear(&ex);
+	return outcome != OUTCOME_TAKEOVER;
+}
+
+static int64_t ttl_of(const idem_store *s, const idem_request *req)
+{
+	return req->ttl_ms > 0 ? req->ttl_ms : s->opts.default_ttl_ms;
+}
+
+static int64_t lease_of(const idem_store *s, const idem_request *req)
+{
+	return req->lease_ms > 0 ? req->lease_ms : s->opts.default_lease_ms;
+}
+
+/*
+ * Claim inside an open write transaction. On FIRST, *id_out is the record's
+ * id, held PROCESSING by owner. Otherwise out holds the answer.
+ */
+static int claim_in_txn(idem_txn *txn, const idem__key *k, const idem_request *req,
+			const char *owner, int64_t *id_out, idem_result *out)
+{
+	idem_store *s = txn->store;
+	int64_t now = idem_store_now(s);
+	idem__record rec = {0}, ex = {0};
+	int rc, outcome, changed = 0;
+
+	rec.version = 1;
+	rec.status = IDEM__ST_PROCESSING;
+	memcpy(rec.fingerprint, req->fingerprint, IDEM_FINGERPRINT_LEN + 1);
+	memcpy(rec.owner, owner, sizeof(rec.owner));
+	rec.lease_until = now + lease_of(s, req);
+	rec.created_at = now;
+	rec.expires_at = now + ttl_of(s, req);
+
+	rc = s->ops->rec_insert(txn, k, &rec);
+	if (rc < 0)
+		return rc;
+	if (rc == 0) {
+		*id_out = rec.id;
+		out->outcome = IDEM_FIRST;
+		return 0;
+	}
+	/* IDEM__DUPLICATE: the key exists (committed, since the INSERT waited). */
+	rc = s->ops->rec_get(txn, k, &ex);
+	if (rc == IDEM_ENOTFOUND) /* deleted between our INSERT and read: go again */
+		return idem__error(IDEM_ERETRY, "record vanished during claim");
+	if (rc < 0)
+		return rc;
+	outcome = classify(&ex, req->fingerprint, now);
+	if (outcome != OUTCOME_TAKEOVER) {
+		answer_from(out, outcome, &ex, now);
+		idem__record_clear(&ex);
+		return 0;
+	}
+	rc = s->ops->rec_takeover(txn, ex.id, ex.version, &rec, &changed);
+	if (rc == 0 && !changed)
+		rc = idem__error(IDEM_ERETRY, "record changed during takeover");
+	if (rc == 0) {
+		*id_out = ex.id;
+		out->outcome = IDEM_FIRST;
+	}
+	idem__record_clear(&ex);
+	return rc;
+}
+
+static idem__status status_for(int http_status)
+{
+	return http_status >= 200 && http_status < 300 ? IDEM__ST_SUCCEEDED : IDEM__ST_FAILED;
+}
+
+/*
+ * One unit inside a (possibly shared) transaction: its own savepoint, so a
+ * failing unit rolls back alone, claim included.
+ */
+static int run_unit(idem_txn *txn, const idem__key *k, const idem_request *req, const char *owner,
+		    idem_work_fn work, void *ctx, idem_result *out)
+{
+	const idem__backend_ops *ops = txn->store->ops;
+	idem_response resp = {0, NULL, 0, 1};
+	int64_t id = 0;
+	int rc, changed = 0;
+
+	if ((rc = ops->savepoint(txn, "idem_unit")) < 0)
+		return rc;
+	if ((rc = claim_in_txn(txn, k, req, owner, &id, out)) < 0)
+		goto undo;
+	if (out->outcome != IDEM_FIRST)
+		return ops->release(txn, "idem_unit");
+	if ((rc = work(txn, ctx, &resp)) < 0)
+		goto undo;
+	if (resp.http_status < 100 || resp.http_status > 599) {
+		rc = idem__error(IDEM_EINVAL, "unit of work answered HTTP status %d",
+				 resp.http_status);
+		goto undo;
+	}
+	if (!resp.persist) {
+		rc = ops->rollback_to(txn, "idem_unit");
+		if (rc == 0)
+			rc = ops->release(txn, "idem_unit");
+	} else {
+		rc = ops->rec_complete(txn, id, owner, status_for(resp.http_status),
+				       resp.http_status, resp.body, resp.body_len, &changed);
+		if (rc == 0 && !changed)
+			rc = idem__error(IDEM_ESTORE, "claimed record not found at completion");
+		if (rc < 0)
+			goto undo;
+		rc = ops->release(txn, "idem_unit");
+	}
+	if (rc < 0)
+		goto fail;
+	out->http_status = resp.http_status;
+	out->body = resp.body;
+	out->body_len = resp.body_len;
+	out->stored = resp.persist != 0;
+	return 0;
+undo:
+	/* The transaction may already be gone (SQLite rolls back on some I/O
+	 * errors); the caller rolls back the whole transaction on any error. */
+	if (ops->rollback_to(txn, "idem_unit") == 0)
+		ops->release(txn, "idem_unit");
+fail:
+	free(resp.body);
+	return rc;
+}
+
+static void count(idem_store *s, const char *type, int rc, const idem_result *out)
+{
+	idem__metrics_count(&s->metrics, type, rc < 0 ? IDEM_COUNT_ERROR : (int)out->outcome);
+	if (rc < 0)
+		idem__store_count_error(s, rc);
+}
+
+int idem_execute(idem_result *out, idem_store *store, const idem_request *req, idem_work_fn work,
+		 void *ctx)
+{
+	idem__key k;
+	char owner[33];
+	int rc;
+
+	memset(out, 0, sizeof(*out));
+	if ((rc = request_key(&k, req)) < 0)
+		return rc;
+	if (!work)
+		return idem__error(IDEM_EINVAL, "idem_execute: work is required");
+	if ((rc = fast_path(store, &k, req->fingerprint, out)) != 0)
+		goto done;
+	if ((rc = idem__rand_hex(owner, 16)) < 0)
+		goto done;
+	for (int attempt = 0;; attempt++) {
+		idem_txn *txn = NULL;
+
+		if ((rc = store->ops->txn_begin(store->be, &txn)) == 0) {
+			rc = run_unit(txn, &k, req, owner, work, ctx, out);
+			if (rc < 0)
+				store->ops->txn_rollback(txn);
+			else
+				rc = store->ops->txn_commit(txn);
+		}
+		if (rc == 0)
+			break;
+		/* Nothing was committed: whatever the unit answered is void. */
+		idem_result_clear(out);
+		if (rc != IDEM_ERETRY || attempt >= store->opts.max_retries)
+			break;
+		idem__retry_backoff(attempt);
+	}
+done:
+	if (rc > 0)
+		rc = 0;
+	count(store, req->business_type, rc, out);
+	return rc;
+}
+
+int idem_claim_begin(idem_claim **out_claim, idem_result *out, idem_store *store,
+		     const idem_request *req)
+{
+	idem__key k;
+	idem_claim *c = NULL;
+	int64_t id = 0;
+	int rc;
+
+	*out_claim = NULL;
+	memset(out, 0, sizeof(*out));
+	if ((rc = request_key(&k, req)) < 0)
+		return rc;
+	if ((rc = fast_path(store, &k, req->fingerprint, out)) != 0)
+		goto done;
+	if (!(c = calloc(1, sizeof(*c)))) {
+		rc = idem__error(IDEM_ENOMEM, "out of memory");
+		goto done;
+	}
+	if ((rc = idem__rand_hex(c->owner, 16)) < 0)
+		goto done;
+	for (int attempt = 0;; attempt++) {
+		idem_txn *txn = NULL;
+
+		if ((rc = store->ops->txn_begin(store->be, &txn)) == 0) {
+			rc = claim_in_txn(txn, &k, req, c->owner, &id, out);
+			if (rc < 0)
+				store->ops->txn_rollback(txn);
+			else
+				rc = store->ops->txn_commit(txn);
+		}
+		if (rc == 0)
+			break;
+		idem_result_clear(out);
+		if (rc != IDEM_ERETRY || attempt >= store->opts.max_retries)
+			break;
+		idem__retry_backoff(attempt);
+	}
+	if (rc == 0 && out->outcome == IDEM_FIRST) {
+		c->store = store;
+		c->id = id;
+		memcpy(c->type, k.type, k.type_len + 1);
+		*out_claim = c;
+		c = NULL;
+	}
+done:
+	free(c);
+	if (rc > 0)
+		rc = 0;
+	count(store, req->business_type, rc, out);
+	return rc;
+}
+
+typedef enum { OP_COMPLETE, OP_EXTEND, OP_ABORT } owned_op;
+
+/* Run one conditional write on the claim's own record, with retries. */
+static int owned_write(idem_claim *c, owned_op op, int http_status, const void *body, size_t len,
+		       int64_t lease_ms)
+{
+	idem_store *s = c->store;
+	const idem__backend_ops *ops = s->ops;
+	int rc = 0;
+
+	for (int attempt = 0;; attempt++) {
+		idem_txn *txn = NULL;
+		int changed = 0;
+
+		if ((rc = ops->txn_begin(s->be, &txn)) < 0)
+			goto retry;
+		if (op == OP_COMPLETE)
+			rc = ops->rec_complete(txn, c->id, c->owner, status_for(http_status),
+					       http_status, body, len, &changed);
+		else if (op == OP_EXTEND)
+			rc = ops->rec_extend(txn, c->id, c->owner, idem_store_now(s) + lease_ms,
+					     &changed);
+		else
+			rc = ops->rec_delete_owned(txn, c->id, c->owner, &changed);
+		if (rc == 0 && !changed)
+			rc = idem__error(IDEM_ELEASE, "the claim's lease was taken over");
+		if (rc < 0)
+			ops->txn_rollback(txn);
+		else
+			rc = ops->txn_commit(txn);
+retry:
+		if (rc != IDEM_ERETRY || attempt >= s->opts.max_retries)
+			break;
+		idem__retry_backoff(attempt);
+	}
+	if (rc < 0 && rc != IDEM_ELEASE)
+		idem__store_count_error(s, rc);
+	return rc;
+}
+
+int idem_claim_complete(idem_claim *claim, int http_status, const void *body, size_t len)
+{
+	if (!claim || http_status < 100 || http_status > 599 || (len && !body))
+		return idem__error(IDEM_EINVAL, "idem_claim_complete: bad arguments");
+	return owned_write(claim, OP_COMPLETE, http_status, body, len, 0);
+}
+
+int idem_claim_extend(idem_claim *claim, int64_t lease_ms)
+{
+	if (!claim || lease_ms <= 0)
+		return idem__error(IDEM_EINVAL, "idem_claim_extend: bad arguments");
+	return owned_write(claim, OP_EXTEND, 0, NULL, 0, lease_ms);
+}
+
+int idem_claim_abort(idem_claim *claim)
+{
+	if (!claim)
+		return idem__error(IDEM_EINVAL, "idem_claim_abort: no claim");
+	return owned_write(claim, OP_ABORT, 0, NULL, 0, 0);
+}
+
+void idem_claim_free(idem_claim *claim)
+{
+	free(claim);
+}
+
+int idem_record_get(idem_record_info *out, idem_store *store, const char *scope,
+		    const char *business_type, const char *key, size_t key_len)
+{
+	idem__key k;
+	idem__record rec = {0};
+	int rc;
+
+	memset(out, 0, sizeof(*out));
+	if ((rc = key_from_parts(&k, scope, business_type, key, key_len)) < 0)
+		return rc;
+	if ((rc = store->ops->rec_read(store->be, &k, &rec)) < 0) {
+		if (rc != IDEM_ENOTFOUND)
+			idem__store_count_error(store, rc);
+		return rc;
+	}
+	snprintf(out->status, sizeof(out->status), "%s", idem__status_name(rec.status));
+	out->http_status = rec.http_status;
+	memcpy(out->fingerprint, rec.fingerprint, sizeof(out->fingerprint));
+	out->created_at_ms = rec.created_at;
+	out->expires_at_ms = rec.expires_at;
+	out->lease_until_ms = rec.lease_until;
+	out->body = rec.body;
+	out->body_len = rec.body_len;
+	return 0;
+}
+
+void idem_record_info_clear(idem_record_info *info)
+{
+	if (!info)
+		return;
+	free(info->body);
+	memset(info, 0, sizeof(*info));
+}

@@ -1,0 +1,69 @@
+/*
+ * core/fingerprint.c: the request fingerprint. The body is parsed with
+ * jansson and re-serialised canonically (sorted keys, compact, non-ASCII as
+ * \u escapes) so that two encodings of the same JSON value hash alike. The
+ * three parts are length-prefixed before hashing so that no choice of method,
+ * path and body can collide with another by shifting bytes between them.
+ */
+#include <jansson.h>
+#include <openssl/evp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "idem/util.h"
+#include "util/error.h"
+#include "util/rand.h"
+
+static int hash_part(EVP_MD_CTX *md, const void *p, size_t len)
+{
+	unsigned char n[8];
+
+	for (int i = 0; i < 8; i++)
+		n[i] = (unsigned char)((uint64_t)len >> (56 - 8 * i));
+	return EVP_DigestUpdate(md, n, sizeof(n)) == 1 && EVP_DigestUpdate(md, p, len) == 1;
+}
+
+int idem_fingerprint(char out[65], const char *method, const char *path, const char *body,
+		     size_t len)
+{
+	json_t *doc = NULL;
+	char *canon = NULL;
+	EVP_MD_CTX *md = NULL;
+	unsigned char digest[32];
+	unsigned int dlen = 0;
+	json_error_t jerr;
+	int rc = 0;
+
+	out[0] = '\0';
+	if (!method || !path || (len && !body))
+		return idem__error(IDEM_EINVAL, "fingerprint: method and path are required");
+	if (len) {
+		doc = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY,
+				 &jerr);
+		if (!doc) {
+			rc = idem__error(IDEM_EINVAL, "malformed JSON at line %d column %d: %s",
+					 jerr.line, jerr.column, jerr.text);
+			goto done;
+		}
+		canon = json_dumps(doc, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENSURE_ASCII |
+						JSON_ENCODE_ANY);
+		if (!canon) {
+			rc = idem__error(IDEM_ENOMEM, "fingerprint: cannot serialise body");
+			goto done;
+		}
+	}
+	if (!(md = EVP_MD_CTX_new()) || EVP_DigestInit_ex(md, EVP_sha256(), NULL) != 1 ||
+	    !hash_part(md, method, strlen(method)) || !hash_part(md, path, strlen(path)) ||
+	    !hash_part(md, canon ? canon : "", canon ? strlen(canon) : 0) ||
+	    EVP_DigestFinal_ex(md, digest, &dlen) != 1 || dlen != sizeof(digest)) {
+		rc = idem__error(IDEM_ENOMEM, "fingerprint: SHA-256 failed");
+		goto done;
+	}
+	idem__hex(out, digest, sizeof(digest));
+done:
+	EVP_MD_CTX_free(md);
+	free(canon);
+	json_decref(doc);
+	return rc;
+}

@@ -1,0 +1,774 @@
+/*
+ * store/sqlite.c: the embedded SQLite backend.
+ *
+ * One writer connection, guarded by a mutex held for the whole write
+ * transaction (SQLite has one writer per database anyway; BEGIN IMMEDIATE
+ * takes the file's write lock up front, so a second process waits on the
+ * busy timeout instead of failing half way). A small pool of reader
+ * connections answers replays in WAL mode without touching the writer.
+ * Statements are prepared once per connection and reused.
+ *
+ * Error classification is exact: only SQLITE_CONSTRAINT_UNIQUE (2067) and
+ * SQLITE_CONSTRAINT_PRIMARYKEY (1555) on the claim INSERT mean "duplicate";
+ * BUSY and LOCKED mean "retry"; anything else is an error and never taken for
+ * a duplicate. This file must never print or read the environment.
+ */
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "store/store.h"
+#include "util/error.h"
+
+#define STMT_CACHE 48
+#define MAX_COLS 32
+
+typedef struct {
+	sqlite3 *db;
+	int ncache;
+	struct {
+		char *sql; /* our own copy: callers may pass stack buffers */
+		sqlite3_stmt *st;
+	} cache[STMT_CACHE];
+} conn;
+
+typedef struct {
+	struct idem_txn base;
+	idem__backend *be;
+} sqlite_txn;
+
+struct idem__backend {
+	idem_store *store;
+	char *path;
+	int memory;
+	idem_store_opts opts;
+
+	pthread_mutex_t wlock; /* held from BEGIN to COMMIT/ROLLBACK */
+	conn writer;
+	sqlite_txn txn;
+
+	pthread_mutex_t rlock;
+	pthread_cond_t rcond;
+	conn *readers;
+	int nreaders;
+	int *free_readers; /* stack of indexes into readers */
+	int nfree;
+};
+
+/* ---- errors ---------------------------------------------------------- */
+
+typedef enum { CTX_PLAIN, CTX_CLAIM, CTX_BUSINESS } err_ctx;
+
+/* Map a failed SQLite call to an idem code; records the driver detail. */
+static int fail(sqlite3 *db, int rc, err_ctx ctx, const char *what)
+{
+	int ext = db ? sqlite3_extended_errcode(db) : rc;
+	const char *msg = db ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
+	int code;
+
+	if ((rc & 0xff) != (ext & 0xff))
+		ext = rc; /* the connection's code belongs to another call */
+	switch (ext & 0xff) {
+	case SQLITE_CONSTRAINT:
+		if (ext == SQLITE_CONSTRAINT_UNIQUE || ext == SQLITE_CONSTRAINT_PRIMARYKEY) {
+			if (ctx == CTX_CLAIM)
+				return IDEM__DUPLICATE;
+			code = ctx == CTX_BUSINESS ? IDEM_ECONFLICT : IDEM_ESTORE;
+		} else {
+			code = IDEM_ECONSTRAINT;
+		}
+		break;
+	case SQLITE_BUSY:
+	case SQLITE_LOCKED: code = IDEM_ERETRY; break;
+	case SQLITE_NOTADB:
+	case SQLITE_CORRUPT: code = IDEM_ECORRUPT; break;
+	case SQLITE_CANTOPEN:
+	case SQLITE_IOERR:
+	case SQLITE_READONLY:
+	case SQLITE_PERM:
+	case SQLITE_AUTH: code = IDEM_EUNAVAIL; break;
+	case SQLITE_NOMEM: code = IDEM_ENOMEM; break;
+	default: code = IDEM_ESTORE; break;
+	}
+	return idem__error_driver(code, ext, NULL, "sqlite: %s: %s (extended code %d)", what, msg,
+				  ext);
+}
+
+/* ---- statements ------------------------------------------------------ */
+
+static int prepare(conn *c, const char *sql, sqlite3_stmt **out, int *cached)
+{
+	int rc;
+
+	for (int i = 0; i < c->ncache; i++)
+		if (strcmp(c->cache[i].sql, sql) == 0) {
+			*out = c->cache[i].st;
+			*cached = 1;
+			return 0;
+		}
+	*cached = c->ncache < STMT_CACHE;
+	rc = sqlite3_prepare_v3(c->db, sql, -1, *cached ? SQLITE_PREPARE_PERSISTENT : 0, out, NULL);
+	if (rc != SQLITE_OK)
+		return fail(c->db, rc, CTX_PLAIN, "prepare");
+	if (*cached) {
+		char *copy = strdup(sql);
+
+		if (!copy) {
+			sqlite3_finalize(*out);
+			return idem__error(IDEM_ENOMEM, "out of memory");
+		}
+		c->cache[c->ncache].sql = copy;
+		c->cache[c->ncache].st = *out;
+		c->ncache++;
+	}
+	return 0;
+}
+
+static int bind(conn *c, sqlite3_stmt *st, const idem_value *params, int n)
+{
+	if (n != sqlite3_bind_parameter_count(st))
+		return idem__error(IDEM_EINVAL, "statement takes %d parameters, %d given",
+				   sqlite3_bind_parameter_count(st), n);
+	for (int i = 0; i < n; i++) {
+		const idem_value *v = &params[i];
+		int rc;
+
+		switch (v->type) {
+		case IDEM_VAL_INT: rc = sqlite3_bind_int64(st, i + 1, v->i); break;
+		case IDEM_VAL_TEXT:
+			rc = sqlite3_bind_text64(st, i + 1, v->p ? v->p : "", v->len, SQLITE_STATIC,
+						 SQLITE_UTF8);
+			break;
+		case IDEM_VAL_BLOB:
+			rc = v->len ? sqlite3_bind_blob64(st, i + 1, v->p, v->len, SQLITE_STATIC)
+				    : sqlite3_bind_zeroblob(st, i + 1, 0);
+			break;
+		default: rc = sqlite3_bind_null(st, i + 1); break;
+		}
+		if (rc != SQLITE_OK)
+			return fail(c->db, rc, CTX_PLAIN, "bind");
+	}
+	return 0;
+}
+
+/*
+ * Run sql on c with params; call fn per row; report changes. The one place
+ * SQL is executed, so every path gets the same classification and cleanup.
+ */
+static int run(conn *c, const char *sql, const idem_value *params, int n, idem_row_fn fn,
+	       void *ctx, int64_t *changes, err_ctx ectx)
+{
+	sqlite3_stmt *st = NULL;
+	int cached = 0, rc, step;
+
+	if ((rc = prepare(c, sql, &st, &cached)) < 0)
+		return rc;
+	if ((rc = bind(c, st, params, n)) < 0)
+		goto done;
+	while ((step = sqlite3_step(st)) == SQLITE_ROW) {
+		idem_value cols[MAX_COLS];
+		int ncols = sqlite3_column_count(st);
+
+		if (!fn)
+			continue;
+		if (ncols > MAX_COLS) {
+			rc = idem__error(IDEM_EINVAL, "query returns more than %d columns", MAX_COLS);
+			goto done;
+		}
+		for (int i = 0; i < ncols; i++) {
+			switch (sqlite3_column_type(st, i)) {
+			case SQLITE_INTEGER:
+			case SQLITE_FLOAT:
+				cols[i] = IDEM_V_INT(sqlite3_column_int64(st, i));
+				break;
+			case SQLITE_TEXT:
+				cols[i] = IDEM_V_TEXTN((const char *)sqlite3_column_text(st, i),
+						       (size_t)sqlite3_column_bytes(st, i));
+				break;
+			case SQLITE_BLOB:
+				cols[i] = IDEM_V_BLOB(sqlite3_column_blob(st, i),
+						      (size_t)sqlite3_column_bytes(st, i));
+				break;
+			default: cols[i] = IDEM_V_NULL; break;
+			}
+		}
+		if ((rc = fn(ctx, cols, ncols)) != 0) {
+			rc = rc > 0 ? 0 : rc;
+			goto done;
+		}
+	}
+	if (step != SQLITE_DONE) {
+		rc = fail(c->db, step, ectx, "step");
+		goto done;
+	}
+	if (changes)
+		*changes = sqlite3_changes64(c->db);
+done:
+	if (cached) {
+		sqlite3_reset(st);
+		sqlite3_clear_bindings(st);
+	} else {
+		sqlite3_finalize(st);
+	}
+	return rc;
+}
+
+static int exec_plain(conn *c, const char *sql)
+{
+	return run(c, sql, NULL, 0, NULL, NULL, NULL, CTX_PLAIN);
+}
+
+/* ---- connections ----------------------------------------------------- */
+
+static void conn_close(conn *c)
+{
+	for (int i = 0; i < c->ncache; i++) {
+		sqlite3_finalize(c->cache[i].st);
+		free(c->cache[i].sql);
+	}
+	c->ncache = 0;
+	if (c->db)
+		sqlite3_close_v2(c->db);
+	c->db = NULL;
+}
+
+static int conn_open(conn *c, idem__backend *be, int reader)
+{
+	int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX;
+	char pragma[64];
+	int rc;
+
+	memset(c, 0, sizeof(*c));
+	rc = sqlite3_open_v2(be->path, &c->db, flags, NULL);
+	if (rc != SQLITE_OK) {
+		rc = fail(c->db, rc, CTX_PLAIN, be->path);
+		conn_close(c);
+		return rc;
+	}
+	sqlite3_extended_result_codes(c->db, 1);
+	sqlite3_busy_timeout(c->db, be->opts.busy_timeout_ms);
+	snprintf(pragma, sizeof(pragma), "PRAGMA synchronous=%s",
+		 be->opts.synchronous_full ? "FULL" : "NORMAL");
+	/* The first statement reads the file header: a non-database fails here. */
+	if ((!be->memory && !reader && (rc = exec_plain(c, "PRAGMA journal_mode=WAL")) < 0) ||
+	    (rc = exec_plain(c, pragma)) < 0 || (rc = exec_plain(c, "PRAGMA foreign_keys=ON")) < 0 ||
+	    (reader && (rc = exec_plain(c, "PRAGMA query_only=1")) < 0) ||
+	    (rc = exec_plain(c, "SELECT count(*) FROM sqlite_schema")) < 0) {
+		conn_close(c);
+		return rc;
+	}
+	return 0;
+}
+
+static conn *reader_get(idem__backend *be)
+{
+	conn *c;
+
+	if (be->nreaders == 0) {
+		pthread_mutex_lock(&be->wlock);
+		return &be->writer;
+	}
+	pthread_mutex_lock(&be->rlock);
+	while (be->nfree == 0)
+		pthread_cond_wait(&be->rcond, &be->rlock);
+	c = &be->readers[be->free_readers[--be->nfree]];
+	pthread_mutex_unlock(&be->rlock);
+	return c;
+}
+
+static void reader_put(idem__backend *be, conn *c)
+{
+	if (c == &be->writer) {
+		pthread_mutex_unlock(&be->wlock);
+		return;
+	}
+	pthread_mutex_lock(&be->rlock);
+	be->free_readers[be->nfree++] = (int)(c - be->readers);
+	pthread_cond_signal(&be->rcond);
+	pthread_mutex_unlock(&be->rlock);
+}
+
+/* ---- schema ---------------------------------------------------------- */
+
+static const char *const migrations[] = {
+	/* 1: idempotency records. Keys compare with SQLite's BINARY collation:
+	 * byte for byte, never trimmed or case-folded. */
+	"CREATE TABLE idem_records ("
+	" id INTEGER PRIMARY KEY,"
+	" scope TEXT NOT NULL CHECK (length(scope) BETWEEN 1 AND 128),"
+	" business_type TEXT NOT NULL CHECK (length(business_type) BETWEEN 1 AND 64),"
+	" idem_key TEXT NOT NULL CHECK (length(idem_key) BETWEEN 1 AND 255),"
+	" version INTEGER NOT NULL,"
+	" status TEXT NOT NULL CHECK (status IN ('PROCESSING','SUCCEEDED','FAILED')),"
+	" fingerprint TEXT NOT NULL,"
+	" owner TEXT,"
+	" http_status INTEGER,"
+	" response BLOB,"
+	" lease_until INTEGER,"
+	" created_at INTEGER NOT NULL,"
+	" expires_at INTEGER NOT NULL,"
+	" completed_at INTEGER"
+	");"
+	"CREATE UNIQUE INDEX idem_records_key ON idem_records (scope, business_type, idem_key);"
+	"CREATE INDEX idem_records_expiry ON idem_records (expires_at);",
+};
+
+#define SCHEMA_LATEST ((int)(sizeof(migrations) / sizeof(migrations[0])))
+
+static int read_int_row(void *ctx, const idem_value *cols, int n)
+{
+	*(int64_t *)ctx = n > 0 && cols[0].type == IDEM_VAL_INT ? cols[0].i : 0;
+	return 1;
+}
+
+static int version_in(conn *c, int *out)
+{
+	int64_t v = 0;
+	int has = 0;
+	int rc = run(c, "SELECT count(*) FROM sqlite_schema WHERE name = 'idem_schema_version'",
+		     NULL, 0, read_int_row, &v, NULL, CTX_PLAIN);
+
+	if (rc < 0)
+		return rc;
+	has = v > 0;
+	v = 0;
+	if (has && (rc = run(c, "SELECT coalesce(max(version), 0) FROM idem_schema_version", NULL,
+			     0, read_int_row, &v, NULL, CTX_PLAIN)) < 0)
+		return rc;
+	*out = (int)v;
+	return 0;
+}
+
+static int sqlite_schema_version(idem__backend *be, int *out)
+{
+	conn *c = reader_get(be);
+	int rc = version_in(c, out);
+
+	reader_put(be, c);
+	return rc;
+}
+
+/*
+ * Each pending version runs in the same BEGIN IMMEDIATE transaction as the
+ * row recording it, so two processes migrating at once serialise on the
+ * write lock and the second finds the work done.
+ */
+static int sqlite_migrate(idem__backend *be, int *version_out)
+{
+	conn *c = &be->writer;
+	int cur = 0, rc;
+	char *errmsg = NULL;
+
+	pthread_mutex_lock(&be->wlock);
+	if ((rc = exec_plain(c, "BEGIN IMMEDIATE")) < 0)
+		goto unlock;
+	if ((rc = exec_plain(c, "CREATE TABLE IF NOT EXISTS idem_schema_version ("
+				" version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)")) < 0 ||
+	    (rc = version_in(c, &cur)) < 0)
+		goto rollback;
+	if (cur > SCHEMA_LATEST) {
+		rc = idem__error(IDEM_ESCHEMA,
+				 "database schema version %d is newer than this library's %d", cur,
+				 SCHEMA_LATEST);
+		goto rollback;
+	}
+	for (int v = cur + 1; v <= SCHEMA_LATEST; v++) {
+		idem_value p[2] = {IDEM_V_INT(v), IDEM_V_INT(idem_store_now(be->store))};
+		int src = sqlite3_exec(c->db, migrations[v - 1], NULL, NULL, &errmsg);
+
+		if (src != SQLITE_OK) {
+			rc = fail(c->db, src, CTX_PLAIN, "migration");
+			sqlite3_free(errmsg);
+			goto rollback;
+		}
+		if ((rc = run(c, "INSERT INTO idem_schema_version (version, applied_at) VALUES (?, ?)",
+			      p, 2, NULL, NULL, NULL, CTX_PLAIN)) < 0)
+			goto rollback;
+		cur = v;
+	}
+	if ((rc = exec_plain(c, "COMMIT")) < 0)
+		goto rollback;
+	if (version_out)
+		*version_out = cur;
+	goto unlock;
+rollback:
+	sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
+unlock:
+	pthread_mutex_unlock(&be->wlock);
+	return rc;
+}
+
+/* ---- open / close ---------------------------------------------------- */
+
+static void sqlite_close(idem__backend *be)
+{
+	if (!be)
+		return;
+	for (int i = 0; i < be->nreaders; i++)
+		conn_close(&be->readers[i]);
+	conn_close(&be->writer);
+	free(be->readers);
+	free(be->free_readers);
+	pthread_mutex_destroy(&be->wlock);
+	pthread_mutex_destroy(&be->rlock);
+	pthread_cond_destroy(&be->rcond);
+	free(be->path);
+	free(be);
+}
+
+static int sqlite_open(idem__backend **out, idem_store *store, const char *target,
+		       const idem_store_opts *opts)
+{
+	idem__backend *be = NULL;
+	int rc;
+
+	*out = NULL;
+	if (!target || !*target)
+		return idem__error(IDEM_EINVAL, "sqlite URL needs a path: sqlite:PATH");
+	if (strncmp(target, "file:", 5) == 0)
+		return idem__error(IDEM_EINVAL, "sqlite URIs are not supported: use sqlite:PATH");
+	if (!(be = calloc(1, sizeof(*be))))
+		return idem__error(IDEM_ENOMEM, "out of memory");
+	pthread_mutex_init(&be->wlock, NULL);
+	pthread_mutex_init(&be->rlock, NULL);
+	pthread_cond_init(&be->rcond, NULL);
+	be->store = store;
+	be->opts = *opts;
+	be->memory = strcmp(target, ":memory:") == 0;
+	be->txn.base.store = store;
+	be->txn.be = be;
+	if (!(be->path = strdup(target))) {
+		rc = idem__error(IDEM_ENOMEM, "out of memory");
+		goto done;
+	}
+	if ((rc = conn_open(&be->writer, be, 0)) < 0)
+		goto done;
+	if (!be->memory && opts->read_connections > 0) {
+		be->readers = calloc((size_t)opts->read_connections, sizeof(conn));
+		be->free_readers = calloc((size_t)opts->read_connections, sizeof(int));
+		if (!be->readers || !be->free_readers) {
+			rc = idem__error(IDEM_ENOMEM, "out of memory");
+			goto done;
+		}
+		for (; be->nreaders < opts->read_connections; be->nreaders++) {
+			if ((rc = conn_open(&be->readers[be->nreaders], be, 1)) < 0)
+				goto done;
+			be->free_readers[be->nfree++] = be->nreaders;
+		}
+	}
+	*out = be;
+	be = NULL;
+done:
+	sqlite_close(be);
+	return rc;
+}
+
+static int sqlite_ping(idem__backend *be)
+{
+	conn *c = reader_get(be);
+	int rc = exec_plain(c, "SELECT 1");
+
+	reader_put(be, c);
+	return rc;
+}
+
+/* ---- transactions ---------------------------------------------------- */
+
+static int sqlite_txn_begin(idem__backend *be, idem_txn **out)
+{
+	int rc;
+
+	*out = NULL;
+	pthread_mutex_lock(&be->wlock);
+	if ((rc = exec_plain(&be->writer, "BEGIN IMMEDIATE")) < 0) {
+		pthread_mutex_unlock(&be->wlock);
+		return rc;
+	}
+	*out = &be->txn.base;
+	return 0;
+}
+
+static idem__backend *be_of(idem_txn *txn)
+{
+	return ((sqlite_txn *)txn)->be;
+}
+
+static void sqlite_txn_rollback(idem_txn *txn)
+{
+	idem__backend *be = be_of(txn);
+
+	/* Fails harmlessly when SQLite already rolled back after an I/O error. */
+	sqlite3_exec(be->writer.db, "ROLLBACK", NULL, NULL, NULL);
+	pthread_mutex_unlock(&be->wlock);
+}
+
+static int sqlite_txn_commit(idem_txn *txn)
+{
+	idem__backend *be = be_of(txn);
+	int rc = exec_plain(&be->writer, "COMMIT");
+
+	if (rc < 0) {
+		/* Not committed: roll back so the connection is clean for the retry. */
+		sqlite_txn_rollback(txn);
+		return rc;
+	}
+	pthread_mutex_unlock(&be->wlock);
+	return 0;
+}
+
+static int savepoint_sql(idem_txn *txn, const char *verb, const char *name)
+{
+	char sql[96];
+
+	for (const char *p = name; *p; p++)
+		if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '_'))
+			return idem__error(IDEM_EINVAL, "bad savepoint name");
+	snprintf(sql, sizeof(sql), "%s %s", verb, name);
+	/* Few distinct names exist, so these statements stay in the cache. */
+	return exec_plain(&be_of(txn)->writer, sql);
+}
+
+static int sqlite_savepoint(idem_txn *txn, const char *name)
+{
+	return savepoint_sql(txn, "SAVEPOINT", name);
+}
+
+static int sqlite_release(idem_txn *txn, const char *name)
+{
+	return savepoint_sql(txn, "RELEASE", name);
+}
+
+static int sqlite_rollback_to(idem_txn *txn, const char *name)
+{
+	return savepoint_sql(txn, "ROLLBACK TO", name);
+}
+
+/* ---- records --------------------------------------------------------- */
+
+#define RECORD_COLS                                                                          \
+	"id, version, status, fingerprint, owner, http_status, response, lease_until, "       \
+	"created_at, expires_at"
+
+static const char sql_get[] = "SELECT " RECORD_COLS " FROM idem_records"
+			      " WHERE scope = ? AND business_type = ? AND idem_key = ?";
+
+static int record_row(void *ctx, const idem_value *c, int n)
+{
+	idem__record *r = ctx;
+	int rc;
+
+	if (n != 10)
+		return idem__error(IDEM_ESTORE, "record row has %d columns", n);
+	r->id = c[0].i;
+	r->version = c[1].i;
+	if ((rc = idem__status_parse(c[2].p, c[2].len, &r->status)) < 0)
+		return rc;
+	if (c[3].len != IDEM_FINGERPRINT_LEN)
+		return idem__error(IDEM_ESTORE, "record fingerprint malformed");
+	memcpy(r->fingerprint, c[3].p, IDEM_FINGERPRINT_LEN);
+	r->fingerprint[IDEM_FINGERPRINT_LEN] = '\0';
+	if (c[4].type == IDEM_VAL_TEXT && c[4].len < sizeof(r->owner)) {
+		memcpy(r->owner, c[4].p, c[4].len);
+		r->owner[c[4].len] = '\0';
+	}
+	r->http_status = c[5].type == IDEM_VAL_INT ? (int)c[5].i : 0;
+	if (c[6].type == IDEM_VAL_BLOB || c[6].type == IDEM_VAL_TEXT) {
+		if (!(r->body = malloc(c[6].len ? c[6].len : 1)))
+			return idem__error(IDEM_ENOMEM, "out of memory");
+		memcpy(r->body, c[6].p, c[6].len);
+		r->body_len = c[6].len;
+	}
+	r->lease_until = c[7].type == IDEM_VAL_INT ? c[7].i : 0;
+	r->created_at = c[8].i;
+	r->expires_at = c[9].i;
+	return 1;
+}
+
+static int get_on(conn *c, const idem__key *k, idem__record *out)
+{
+	idem_value p[3] = {IDEM_V_TEXTN(k->scope, k->scope_len), IDEM_V_TEXTN(k->type, k->type_len),
+			   IDEM_V_TEXTN(k->key, k->key_len)};
+	int rc;
+
+	memset(out, 0, sizeof(*out));
+	rc = run(c, sql_get, p, 3, record_row, out, NULL, CTX_PLAIN);
+	if (rc < 0) {
+		idem__record_clear(out);
+		return rc;
+	}
+	return out->id ? 0 : IDEM_ENOTFOUND;
+}
+
+static int sqlite_rec_get(idem_txn *txn, const idem__key *k, idem__record *out)
+{
+	return get_on(&be_of(txn)->writer, k, out);
+}
+
+static int sqlite_rec_read(idem__backend *be, const idem__key *k, idem__record *out)
+{
+	conn *c = reader_get(be);
+	int rc = get_on(c, k, out);
+
+	reader_put(be, c);
+	return rc;
+}
+
+static int sqlite_rec_insert(idem_txn *txn, const idem__key *k, idem__record *rec)
+{
+	static const char sql[] =
+		"INSERT INTO idem_records (scope, business_type, idem_key, version, status,"
+		" fingerprint, owner, lease_until, created_at, expires_at)"
+		" VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+	conn *c = &be_of(txn)->writer;
+	idem_value p[10] = {IDEM_V_TEXTN(k->scope, k->scope_len),
+			    IDEM_V_TEXTN(k->type, k->type_len),
+			    IDEM_V_TEXTN(k->key, k->key_len),
+			    IDEM_V_INT(rec->version),
+			    IDEM_V_TEXT(idem__status_name(rec->status)),
+			    IDEM_V_TEXT(rec->fingerprint),
+			    IDEM_V_TEXT(rec->owner),
+			    IDEM_V_INT(rec->lease_until),
+			    IDEM_V_INT(rec->created_at),
+			    IDEM_V_INT(rec->expires_at)};
+	int rc = run(c, sql, p, 10, NULL, NULL, NULL, CTX_CLAIM);
+
+	if (rc == 0)
+		rec->id = sqlite3_last_insert_rowid(c->db);
+	return rc;
+}
+
+static int changed_one(conn *c, const char *sql, const idem_value *p, int n, int *changed)
+{
+	int64_t ch = 0;
+	int rc = run(c, sql, p, n, NULL, NULL, &ch, CTX_PLAIN);
+
+	*changed = rc == 0 && ch == 1;
+	return rc;
+}
+
+static int sqlite_rec_takeover(idem_txn *txn, int64_t id, int64_t version, const idem__record *rec,
+			       int *changed)
+{
+	static const char sql[] =
+		"UPDATE idem_records SET version = version + 1, status = 'PROCESSING',"
+		" fingerprint = ?, owner = ?, http_status = NULL, response = NULL,"
+		" lease_until = ?, created_at = ?, expires_at = ?, completed_at = NULL"
+		" WHERE id = ? AND version = ?";
+	idem_value p[7] = {IDEM_V_TEXT(rec->fingerprint), IDEM_V_TEXT(rec->owner),
+			   IDEM_V_INT(rec->lease_until),  IDEM_V_INT(rec->created_at),
+			   IDEM_V_INT(rec->expires_at),   IDEM_V_INT(id),
+			   IDEM_V_INT(version)};
+
+	return changed_one(&be_of(txn)->writer, sql, p, 7, changed);
+}
+
+static int sqlite_rec_complete(idem_txn *txn, int64_t id, const char *owner, idem__status st,
+			       int http_status, const unsigned char *body, size_t len, int *changed)
+{
+	static const char sql[] =
+		"UPDATE idem_records SET version = version + 1, status = ?, http_status = ?,"
+		" response = ?, owner = NULL, lease_until = NULL, completed_at = ?"
+		" WHERE id = ? AND owner = ? AND status = 'PROCESSING'";
+	idem_value p[6] = {IDEM_V_TEXT(idem__status_name(st)),
+			   IDEM_V_INT(http_status),
+			   IDEM_V_BLOB(body, len),
+			   IDEM_V_INT(idem_store_now(txn->store)),
+			   IDEM_V_INT(id),
+			   IDEM_V_TEXT(owner)};
+
+	return changed_one(&be_of(txn)->writer, sql, p, 6, changed);
+}
+
+static int sqlite_rec_extend(idem_txn *txn, int64_t id, const char *owner, int64_t lease_until,
+			     int *changed)
+{
+	static const char sql[] = "UPDATE idem_records SET lease_until = ?"
+				  " WHERE id = ? AND owner = ? AND status = 'PROCESSING'";
+	idem_value p[3] = {IDEM_V_INT(lease_until), IDEM_V_INT(id), IDEM_V_TEXT(owner)};
+
+	return changed_one(&be_of(txn)->writer, sql, p, 3, changed);
+}
+
+static int sqlite_rec_delete_owned(idem_txn *txn, int64_t id, const char *owner, int *changed)
+{
+	static const char sql[] =
+		"DELETE FROM idem_records WHERE id = ? AND owner = ? AND status = 'PROCESSING'";
+	idem_value p[2] = {IDEM_V_INT(id), IDEM_V_TEXT(owner)};
+
+	return changed_one(&be_of(txn)->writer, sql, p, 2, changed);
+}
+
+/* One batch through the expires_at index; a live lease is never purged. */
+static int sqlite_purge_batch(idem__backend *be, int64_t now, int batch, int64_t *deleted)
+{
+	static const char sql[] =
+		"DELETE FROM idem_records WHERE id IN (SELECT id FROM idem_records"
+		" WHERE expires_at <= ? AND (status <> 'PROCESSING' OR lease_until <= ?)"
+		" ORDER BY expires_at LIMIT ?)";
+	idem_value p[3] = {IDEM_V_INT(now), IDEM_V_INT(now), IDEM_V_INT(batch)};
+	idem_txn *txn = NULL;
+	int rc;
+
+	*deleted = 0;
+	if ((rc = sqlite_txn_begin(be, &txn)) < 0)
+		return rc;
+	if ((rc = run(&be->writer, sql, p, 3, NULL, NULL, deleted, CTX_PLAIN)) < 0) {
+		sqlite_txn_rollback(txn);
+		return rc;
+	}
+	return sqlite_txn_commit(txn);
+}
+
+/* ---- generic SQL ----------------------------------------------------- */
+
+static int sqlite_txn_exec(idem_txn *txn, const char *sql, const idem_value *params, int n,
+			   int64_t *changes)
+{
+	return run(&be_of(txn)->writer, sql, params, n, NULL, NULL, changes, CTX_BUSINESS);
+}
+
+static int sqlite_txn_query(idem_txn *txn, const char *sql, const idem_value *params, int n,
+			    idem_row_fn fn, void *ctx)
+{
+	return run(&be_of(txn)->writer, sql, params, n, fn, ctx, NULL, CTX_BUSINESS);
+}
+
+static int sqlite_read_query(idem__backend *be, const char *sql, const idem_value *params, int n,
+			     idem_row_fn fn, void *ctx)
+{
+	conn *c = reader_get(be);
+	int rc = run(c, sql, params, n, fn, ctx, NULL, CTX_BUSINESS);
+
+	reader_put(be, c);
+	return rc;
+}
+
+const idem__backend_ops idem__sqlite_ops = {
+	.version = IDEM__BACKEND_OPS_VERSION,
+	.name = "sqlite",
+	.open = sqlite_open,
+	.close = sqlite_close,
+	.migrate = sqlite_migrate,
+	.schema_version = sqlite_schema_version,
+	.schema_latest = SCHEMA_LATEST,
+	.ping = sqlite_ping,
+	.txn_begin = sqlite_txn_begin,
+	.txn_commit = sqlite_txn_commit,
+	.txn_rollback = sqlite_txn_rollback,
+	.savepoint = sqlite_savepoint,
+	.release = sqlite_release,
+	.rollback_to = sqlite_rollback_to,
+	.rec_insert = sqlite_rec_insert,
+	.rec_get = sqlite_rec_get,
+	.rec_takeover = sqlite_rec_takeover,
+	.rec_complete = sqlite_rec_complete,
+	.rec_extend = sqlite_rec_extend,
+	.rec_delete_owned = sqlite_rec_delete_owned,
+	.rec_read = sqlite_rec_read,
+	.purge_batch = sqlite_purge_batch,
+	.txn_exec = sqlite_txn_exec,
+	.txn_query = sqlite_txn_query,
+	.read_query = sqlite_read_query,
+};

@@ -1,0 +1,21 @@
+/*
+ * store/store.h: the store handle as the library sees it inside: the
+ * backend's ops and state, the options in force, and the counters.
+ */
+#ifndef IDEM_STORE_STORE_H
+#define IDEM_STORE_STORE_H
+
+#include "core/metrics.h"
+#include "store/backend.h"
+
+struct idem_store {
+	const idem__backend_ops *ops;
+	idem__backend *be;
+	idem_store_opts opts;
+	idem__metrics metrics;
+};
+
+/* Sleep a jittered, growing interval before retry number attempt (0-based). */
+void idem__retry_backoff(int attempt);
+
+#endif
