@@ -127,6 +127,20 @@ IDEM_EXTERN int idem_claim_begin(idem_claim **out_claim, idem_result *out, idem_
 IDEM_EXTERN int idem_claim_complete(idem_claim *claim, int http_status, const void *body,
 				    size_t len);
 
+/*
+ * Finish a claim with business writes: run work and, in the same transaction,
+ * complete the record (resp.persist = 1) or delete it (persist = 0), both
+ * only while the claim still holds its lease. For two-phase work whose
+ * result must land together with business rows (the payment row written
+ * after the channel answered).
+ * out:  receives the work's response (outcome FIRST). Clear it after errors too.
+ * Returns 0; IDEM_ELEASE when the lease was lost (nothing written); a store
+ * error or the work's own error (nothing written; the claim stays PROCESSING
+ * until idem_claim_abort or its lease runs out).
+ */
+IDEM_EXTERN int idem_claim_finish(idem_result *out, idem_claim *claim, idem_work_fn work,
+				  void *ctx);
+
 /* Push the lease out to now + lease_ms. IDEM_ELEASE when it was lost. */
 IDEM_EXTERN int idem_claim_extend(idem_claim *claim, int64_t lease_ms);
 

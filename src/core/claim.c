@@ -245,16 +245,55 @@ static idem__status status_for(int http_status)
 }
 
 /*
+ * Run work for the record id held by owner, then complete the record with its
+ * response when it is to be kept. On success out holds the response; when
+ * out->stored is 0 the caller rolls the work back. Inside the caller's
+ * transaction and savepoint.
+ */
+static int work_and_complete(idem_txn *txn, int64_t id, const char *owner, idem_work_fn work,
+			     void *ctx, idem_result *out)
+{
+	const idem__backend_ops *ops = txn->store->ops;
+	idem_response resp = {0, NULL, 0, 1};
+	int rc, changed = 0;
+
+	if ((rc = work(txn, ctx, &resp)) < 0)
+		goto done;
+	if (resp.http_status < 100 || resp.http_status > 599) {
+		rc = idem__error(IDEM_EINVAL, "unit of work answered HTTP status %d",
+				 resp.http_status);
+		goto done;
+	}
+	if (resp.persist) {
+		rc = ops->rec_complete(txn, id, owner, status_for(resp.http_status),
+				       resp.http_status, resp.body, resp.body_len, &changed);
+		if (rc == 0 && !changed)
+			rc = idem__error(IDEM_ELEASE, "the claim's lease was taken over");
+		if (rc < 0)
+			goto done;
+	}
+	out->outcome = IDEM_FIRST;
+	out->http_status = resp.http_status;
+	out->body = resp.body;
+	out->body_len = resp.body_len;
+	out->stored = resp.persist != 0;
+	resp.body = NULL;
+done:
+	free(resp.body);
+	return rc;
+}
+
+/*
  * One unit inside a (possibly shared) transaction: its own savepoint, so a
- * failing unit rolls back alone, claim included.
+ * failing unit rolls back alone, claim included. A response that is not to
+ * be kept rolls the unit back too: nothing of it remains but the answer.
  */
 static int run_unit(idem_txn *txn, const idem__key *k, const idem_request *req, const char *owner,
 		    idem_work_fn work, void *ctx, idem_result *out)
 {
 	const idem__backend_ops *ops = txn->store->ops;
-	idem_response resp = {0, NULL, 0, 1};
 	int64_t id = 0;
-	int rc, changed = 0;
+	int rc;
 
 	if ((rc = ops->savepoint(txn, "idem_unit")) < 0)
 		return rc;
@@ -262,40 +301,16 @@ static int run_unit(idem_txn *txn, const idem__key *k, const idem_request *req, 
 		goto undo;
 	if (out->outcome != IDEM_FIRST)
 		return ops->release(txn, "idem_unit");
-	if ((rc = work(txn, ctx, &resp)) < 0)
+	if ((rc = work_and_complete(txn, id, owner, work, ctx, out)) < 0)
 		goto undo;
-	if (resp.http_status < 100 || resp.http_status > 599) {
-		rc = idem__error(IDEM_EINVAL, "unit of work answered HTTP status %d",
-				 resp.http_status);
-		goto undo;
-	}
-	if (!resp.persist) {
-		rc = ops->rollback_to(txn, "idem_unit");
-		if (rc == 0)
-			rc = ops->release(txn, "idem_unit");
-	} else {
-		rc = ops->rec_complete(txn, id, owner, status_for(resp.http_status),
-				       resp.http_status, resp.body, resp.body_len, &changed);
-		if (rc == 0 && !changed)
-			rc = idem__error(IDEM_ESTORE, "claimed record not found at completion");
-		if (rc < 0)
-			goto undo;
-		rc = ops->release(txn, "idem_unit");
-	}
-	if (rc < 0)
-		goto fail;
-	out->http_status = resp.http_status;
-	out->body = resp.body;
-	out->body_len = resp.body_len;
-	out->stored = resp.persist != 0;
-	return 0;
+	if (!out->stored && (rc = ops->rollback_to(txn, "idem_unit")) < 0)
+		return rc;
+	return ops->release(txn, "idem_unit");
 undo:
 	/* The transaction may already be gone (SQLite rolls back on some I/O
 	 * errors); the caller rolls back the whole transaction on any error. */
 	if (ops->rollback_to(txn, "idem_unit") == 0)
 		ops->release(txn, "idem_unit");
-fail:
-	free(resp.body);
 	return rc;
 }
 
@@ -444,6 +459,61 @@ int idem_claim_complete(idem_claim *claim, int http_status, const void *body, si
 	if (!claim || http_status < 100 || http_status > 599 || (len && !body))
 		return idem__error(IDEM_EINVAL, "idem_claim_complete: bad arguments");
 	return owned_write(claim, OP_COMPLETE, http_status, body, len, 0);
+}
+
+/* The work under a savepoint: an answer not to be kept leaves only the
+ * record's deletion behind, never the work's rows. */
+static int finish_in_txn(idem_txn *txn, idem_claim *c, idem_work_fn work, void *ctx,
+			 idem_result *out)
+{
+	const idem__backend_ops *ops = txn->store->ops;
+	int rc, changed = 0;
+
+	if ((rc = ops->savepoint(txn, "idem_unit")) < 0)
+		return rc;
+	if ((rc = work_and_complete(txn, c->id, c->owner, work, ctx, out)) < 0)
+		return rc; /* the caller rolls the transaction back */
+	if (!out->stored && (rc = ops->rollback_to(txn, "idem_unit")) < 0)
+		return rc;
+	if ((rc = ops->release(txn, "idem_unit")) < 0)
+		return rc;
+	if (!out->stored) {
+		rc = ops->rec_delete_owned(txn, c->id, c->owner, &changed);
+		if (rc == 0 && !changed)
+			rc = idem__error(IDEM_ELEASE, "the claim's lease was taken over");
+	}
+	return rc;
+}
+
+int idem_claim_finish(idem_result *out, idem_claim *claim, idem_work_fn work, void *ctx)
+{
+	idem_store *s;
+	int rc = 0;
+
+	memset(out, 0, sizeof(*out));
+	if (!claim || !work)
+		return idem__error(IDEM_EINVAL, "idem_claim_finish: claim and work are required");
+	s = claim->store;
+	for (int attempt = 0;; attempt++) {
+		idem_txn *txn = NULL;
+
+		if ((rc = s->ops->txn_begin(s->be, &txn)) == 0) {
+			rc = finish_in_txn(txn, claim, work, ctx, out);
+			if (rc < 0)
+				s->ops->txn_rollback(txn);
+			else
+				rc = s->ops->txn_commit(txn);
+		}
+		if (rc == 0)
+			break;
+		idem_result_clear(out);
+		if (rc != IDEM_ERETRY || attempt >= s->opts.max_retries)
+			break;
+		idem__retry_backoff(attempt);
+	}
+	if (rc < 0 && rc != IDEM_ELEASE)
+		idem__store_count_error(s, rc);
+	return rc;
 }
 
 int idem_claim_extend(idem_claim *claim, int64_t lease_ms)

@@ -332,6 +332,55 @@ static void abort_releases(void **state)
 	idem_result_clear(&res);
 }
 
+/* Two-phase finish: business rows and completion land together, or not at all. */
+static void finish_with_work(void **state)
+{
+	fixture *f = *state;
+	unit u = {.status = 201, .body = "fin", .len = 3, .persist = 1};
+	idem_result res = {0};
+	idem_claim *c = NULL, *c2 = NULL;
+	idem_record_info info;
+	idem_request r;
+	char fp[65];
+
+	test_fp(fp, "{}");
+	u.scope = f->scope;
+	r = req_for(f->scope, "payment", "F1", fp);
+	assert_int_equal(idem_claim_begin(&c, &res, f->store, &r), 0);
+	u.key = "F1";
+	assert_int_equal(idem_claim_finish(&res, c, unit_fn, &u), 0);
+	assert_int_equal(res.outcome, IDEM_FIRST);
+	assert_int_equal(res.stored, 1);
+	idem_result_clear(&res);
+	idem_claim_free(c);
+	assert_int_equal(test_work_count(f->store, f->scope, "F1"), 1);
+	assert_int_equal(exec_unit(f, "payment", "F1", fp, &u, &res), 0);
+	assert_int_equal(res.outcome, IDEM_REPLAY);
+	assert_memory_equal(res.body, "fin", 3);
+	idem_result_clear(&res);
+
+	/* Lease lost before finishing: the work's rows must not land. */
+	r = req_for(f->scope, "payment", "F2", fp);
+	r.lease_ms = 1000;
+	assert_int_equal(idem_claim_begin(&c, &res, f->store, &r), 0);
+	test_clock_advance(&f->clock, 1001);
+	assert_int_equal(idem_claim_begin(&c2, &res, f->store, &r), 0);
+	assert_int_equal(res.outcome, IDEM_FIRST);
+	u.key = "F2";
+	assert_int_equal(idem_claim_finish(&res, c, unit_fn, &u), IDEM_ELEASE);
+	assert_int_equal(test_work_count(f->store, f->scope, "F2"), 0);
+	/* An answer not to be kept frees the key. */
+	u.persist = 0;
+	assert_int_equal(idem_claim_finish(&res, c2, unit_fn, &u), 0);
+	assert_int_equal(res.stored, 0);
+	idem_result_clear(&res);
+	assert_int_equal(idem_record_get(&info, f->store, f->scope, "payment", "F2", 2),
+			 IDEM_ENOTFOUND);
+	assert_int_equal(test_work_count(f->store, f->scope, "F2"), 0);
+	idem_claim_free(c);
+	idem_claim_free(c2);
+}
+
 /* Past expires_at the key is free again, whatever the fingerprint. */
 static void reuse_after_expiry(void **state)
 {
@@ -645,6 +694,7 @@ int main(void)
 		T(mismatch_while_processing),
 		T(extend_keeps_the_lease),
 		T(abort_releases),
+		T(finish_with_work),
 		T(reuse_after_expiry),
 		T(composite_scope),
 		T(bad_requests),
