@@ -45,11 +45,18 @@ typedef struct {
  * Open the store named by url:
  *   sqlite:PATH            a database file (created if missing)
  *   sqlite::memory:        a private in-memory database (one connection)
+ *   postgresql://user[:password]@host[:port]/db[?param=value...]
+ *   postgres://...         the same; parsed by libpq, so every libpq URL
+ *                          parameter (sslmode, connect_timeout, ...) works
+ *   mysql://user[:password]@host[:port]/db[?socket=PATH]
+ *   mariadb://...          the same (MariaDB or MySQL, InnoDB); user,
+ *                          password and db are percent-decoded
  * out:   receives the handle, or NULL on failure.
  * opts:  NULL for the defaults.
  * Returns 0; IDEM_EINVAL for an unknown scheme or bad URL; IDEM_EUNAVAIL when
- * the file cannot be opened or written; IDEM_ECORRUPT when it is not a
- * database; IDEM_ESCHEMA when its schema is newer than this library.
+ * the file cannot be opened or written or the server cannot be reached;
+ * IDEM_ECORRUPT when it is not a database; IDEM_ESCHEMA when its schema is
+ * newer than this library.
  * Detail in idem_error_last(). The handle is safe to use from many threads.
  */
 IDEM_EXTERN int idem_store_open(idem_store **out, const char *url, const idem_store_opts *opts);

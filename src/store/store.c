@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "store/netdb.h"
 #include "util/clock.h"
 #include "util/error.h"
 #include "util/rand.h"
@@ -17,6 +18,10 @@ static const struct {
 	const idem__backend_ops *ops;
 } schemes[] = {
 	{"sqlite:", &idem__sqlite_ops},
+	{"postgresql:", &idem__postgres_ops},
+	{"postgres:", &idem__postgres_ops},
+	{"mysql:", &idem__mariadb_ops},
+	{"mariadb:", &idem__mariadb_ops},
 };
 
 const char *idem__status_name(idem__status st)
@@ -97,7 +102,9 @@ int idem_store_open(idem_store **out, const char *url, const idem_store_opts *op
 	}
 	if (!ops)
 		return idem__error(IDEM_EINVAL,
-				   "unknown store URL scheme in '%.40s' (expected sqlite:PATH)", url);
+				   "unknown store URL scheme in '%.12s' (expected sqlite:, postgresql://,"
+				   " mysql:// or mariadb://)",
+				   url);
 	if (!(s = calloc(1, sizeof(*s))))
 		return idem__error(IDEM_ENOMEM, "out of memory");
 	s->ops = ops;

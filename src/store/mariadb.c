@@ -1,0 +1,1224 @@
+/*
+ * store/mariadb.c: the MariaDB backend, on MariaDB Connector/C.
+ *
+ * The same shape as postgres.c: IDEM__NET_WRITERS writer connections, each
+ * holding one write transaction at a time, and opts.read_connections reader
+ * connections in autocommit for the read-before-write fast path. Connections
+ * open lazily; one that breaks is dropped when it goes back to its pool and
+ * reopened on next use (never by the driver's own auto-reconnect, which
+ * would silently continue a dead transaction in autocommit). Statements are
+ * prepared once per connection (mysql_stmt_*), keyed by their SQL text.
+ * Every session is InnoDB, utf8mb4, READ COMMITTED, STRICT_ALL_TABLES.
+ *
+ * Keys compare byte for byte: utf8mb4_nopad_bin on the key columns. Plain
+ * utf8mb4_bin is a PAD SPACE collation in MariaDB, under which 'A1' and
+ * 'A1 ' collide in a unique index.
+ *
+ * Error classification is exact. The claim is a plain INSERT; only errno
+ * 1062 whose message names the idempotency index (idem_records_key) is a
+ * duplicate. Never INSERT IGNORE: it turns NOT NULL, truncation and foreign
+ * key failures into warnings (DESIGN.md §1). 1213 and 1205 mean "retry",
+ * 1062 in business SQL a business conflict, NOT NULL / CHECK / foreign key
+ * errors constraint violations, lost connections "store unavailable".
+ * This file must never print or read the environment, and never puts the
+ * URL (it may hold a password) into an error message.
+ */
+#include <mysql.h>
+#include <mysqld_error.h>
+#include <errmsg.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "store/mariadb.h"
+#include "store/netdb.h"
+#include "store/store.h"
+#include "util/error.h"
+
+#define STMT_CACHE 64
+#define MAX_COLS 32
+#define IO_TIMEOUT_S 60
+
+typedef struct conn conn;
+
+typedef struct {
+	struct idem_txn base;
+	idem__backend *be;
+	conn *c;
+} my_txn;
+
+struct conn {
+	MYSQL *my;
+	int broken; /* lost or out of step: drop it when given back */
+	int ncache;
+	struct {
+		char *sql;
+		MYSQL_STMT *st;
+	} cache[STMT_CACHE];
+	my_txn txn;
+};
+
+/* The parts of a mysql:// URL, percent-decoded. */
+typedef struct {
+	char *user, *password, *host, *db, *socket;
+	unsigned int port;
+} my_url;
+
+struct idem__backend {
+	idem_store *store;
+	my_url url;
+	idem_store_opts opts;
+	conn *writers;
+	idem__pool wpool;
+	conn *readers;
+	int nreaders;
+	idem__pool rpool;
+};
+
+/* ---- errors ---------------------------------------------------------- */
+
+typedef enum { CTX_PLAIN, CTX_CLAIM, CTX_BUSINESS } err_ctx;
+
+/* "Duplicate entry '...' for key 'idem_records_key'": the key name ends it. */
+static int on_idem_index(const char *msg)
+{
+	static const char tail[] = "for key 'idem_records_key'";
+	size_t n = strlen(msg), t = sizeof(tail) - 1;
+
+	return n >= t && strcmp(msg + n - t, tail) == 0;
+}
+
+/* Map a MariaDB error to an idem code; records errno and SQLSTATE. */
+static int classify(conn *c, unsigned int err, const char *state, const char *msg, err_ctx ctx,
+		    const char *what)
+{
+	int code;
+
+	switch (err) {
+	case ER_DUP_ENTRY:             /* 1062 */
+	case ER_DUP_ENTRY_WITH_KEY_NAME: /* 1586 */
+		if (ctx == CTX_CLAIM && on_idem_index(msg))
+			return IDEM__DUPLICATE;
+		code = ctx == CTX_BUSINESS ? IDEM_ECONFLICT : IDEM_ESTORE;
+		break;
+	case ER_LOCK_DEADLOCK:      /* 1213: the transaction was rolled back (also Galera) */
+	case ER_LOCK_WAIT_TIMEOUT:  /* 1205 */
+		code = IDEM_ERETRY;
+		break;
+	case ER_BAD_NULL_ERROR:           /* 1048 */
+	case ER_NO_DEFAULT_FOR_FIELD:     /* 1364 */
+	case ER_NO_REFERENCED_ROW_2:      /* 1452 */
+	case ER_ROW_IS_REFERENCED_2:      /* 1451 */
+	case ER_NO_REFERENCED_ROW:        /* 1216 */
+	case ER_ROW_IS_REFERENCED:        /* 1217 */
+	case 3819:                        /* MySQL's CHECK violation */
+	case 4025:                        /* MariaDB's CHECK violation: ER_CONSTRAINT_FAILED */
+		code = IDEM_ECONSTRAINT;
+		break;
+	case CR_CONNECTION_ERROR:     /* 2002 */
+	case CR_CONN_HOST_ERROR:      /* 2003 */
+	case CR_SERVER_GONE_ERROR:    /* 2006 */
+	case CR_SERVER_LOST:          /* 2013 */
+	case CR_SERVER_LOST_EXTENDED: /* 2055 */
+	case ER_CONNECTION_KILLED:    /* 1927 */
+	case ER_SERVER_SHUTDOWN:      /* 1053 */
+	case 4031:                    /* disconnected by the server for inactivity */
+		c->broken = 1;
+		code = IDEM_EUNAVAIL;
+		break;
+	case ER_CON_COUNT_ERROR: /* 1040: too many connections */
+		code = IDEM_EUNAVAIL;
+		break;
+	case CR_OUT_OF_MEMORY: /* 2008 */
+		c->broken = 1;
+		code = IDEM_ENOMEM;
+		break;
+	default:
+		/* Any other client-side error leaves the protocol state in doubt. */
+		if (err >= 2000 && err < 3000)
+			c->broken = 1;
+		code = IDEM_ESTORE;
+		break;
+	}
+	return idem__error_driver(code, (int)err, state, "mariadb: %s: %s (errno %u)", what, msg,
+				  err);
+}
+
+static int fail_conn(conn *c, err_ctx ctx, const char *what)
+{
+	return classify(c, mysql_errno(c->my), mysql_sqlstate(c->my), mysql_error(c->my), ctx,
+			what);
+}
+
+static int fail_stmt(conn *c, MYSQL_STMT *st, err_ctx ctx, const char *what)
+{
+	return classify(c, mysql_stmt_errno(st), mysql_stmt_sqlstate(st), mysql_stmt_error(st), ctx,
+			what);
+}
+
+/* ---- statements ------------------------------------------------------ */
+
+static int prepare(conn *c, const char *sql, MYSQL_STMT **out, int *cached)
+{
+	MYSQL_STMT *st;
+	int rc;
+
+	*out = NULL;
+	*cached = 0;
+	for (int i = 0; i < c->ncache; i++)
+		if (strcmp(c->cache[i].sql, sql) == 0) {
+			*out = c->cache[i].st;
+			*cached = 1;
+			return 0;
+		}
+	if (!(st = mysql_stmt_init(c->my)))
+		return fail_conn(c, CTX_PLAIN, "stmt_init");
+	if (mysql_stmt_prepare(st, sql, (unsigned long)strlen(sql)) != 0) {
+		rc = fail_stmt(c, st, CTX_BUSINESS, "prepare");
+		mysql_stmt_close(st);
+		return rc;
+	}
+	if (c->ncache < STMT_CACHE) {
+		char *copy = strdup(sql);
+
+		if (copy) {
+			c->cache[c->ncache].sql = copy;
+			c->cache[c->ncache].st = st;
+			c->ncache++;
+			*cached = 1;
+		}
+	}
+	*out = st;
+	return 0;
+}
+
+typedef enum { K_INT, K_DOUBLE, K_DECIMAL, K_TEXT, K_BLOB } col_kind;
+
+static col_kind kind_of(const MYSQL_FIELD *f)
+{
+	switch (f->type) {
+	case MYSQL_TYPE_TINY:
+	case MYSQL_TYPE_SHORT:
+	case MYSQL_TYPE_LONG:
+	case MYSQL_TYPE_LONGLONG:
+	case MYSQL_TYPE_INT24:
+	case MYSQL_TYPE_YEAR: return K_INT;
+	case MYSQL_TYPE_FLOAT:
+	case MYSQL_TYPE_DOUBLE: return K_DOUBLE;
+	case MYSQL_TYPE_DECIMAL:
+	case MYSQL_TYPE_NEWDECIMAL: return K_DECIMAL;
+	case MYSQL_TYPE_TINY_BLOB:
+	case MYSQL_TYPE_MEDIUM_BLOB:
+	case MYSQL_TYPE_LONG_BLOB:
+	case MYSQL_TYPE_BLOB:
+	case MYSQL_TYPE_STRING:
+	case MYSQL_TYPE_VAR_STRING:
+	case MYSQL_TYPE_VARCHAR:
+		/* Charset 63 is "binary": BLOB and VARBINARY columns. */
+		return f->charsetnr == 63 ? K_BLOB : K_TEXT;
+	default: return K_TEXT; /* dates, JSON, ... as their text */
+	}
+}
+
+/* Result buffers for one statement execution. */
+typedef struct {
+	MYSQL_BIND bind[MAX_COLS];
+	col_kind kind[MAX_COLS];
+	int64_t ints[MAX_COLS];
+	double dbls[MAX_COLS];
+	unsigned long lens[MAX_COLS];
+	my_bool nulls[MAX_COLS];
+	char *bufs[MAX_COLS];
+	int ncols;
+} results;
+
+static void results_free(results *r)
+{
+	for (int i = 0; i < r->ncols; i++)
+		free(r->bufs[i]);
+	r->ncols = 0;
+}
+
+static int fetch_rows(conn *c, MYSQL_STMT *st, results *r, idem_row_fn fn, void *ctx)
+{
+	MYSQL_RES *meta = NULL;
+	MYSQL_FIELD *fields;
+	my_bool one = 1;
+	int rc = 0, f;
+
+	/* max_length tells how big each text/blob buffer must be. */
+	mysql_stmt_attr_set(st, STMT_ATTR_UPDATE_MAX_LENGTH, &one);
+	if (mysql_stmt_store_result(st) != 0)
+		return fail_stmt(c, st, CTX_BUSINESS, "store_result");
+	if (!fn)
+		return 0;
+	if (!(meta = mysql_stmt_result_metadata(st)))
+		return fail_stmt(c, st, CTX_PLAIN, "result_metadata");
+	fields = mysql_fetch_fields(meta);
+	if ((int)mysql_num_fields(meta) > MAX_COLS) {
+		rc = idem__error(IDEM_EINVAL, "query returns more than %d columns", MAX_COLS);
+		goto done;
+	}
+	memset(r->bind, 0, sizeof(r->bind));
+	for (r->ncols = 0; r->ncols < (int)mysql_num_fields(meta); r->ncols++) {
+		int i = r->ncols;
+		MYSQL_BIND *b = &r->bind[i];
+
+		r->bufs[i] = NULL;
+		r->kind[i] = kind_of(&fields[i]);
+		b->is_null = &r->nulls[i];
+		b->length = &r->lens[i];
+		if (r->kind[i] == K_INT) {
+			b->buffer_type = MYSQL_TYPE_LONGLONG;
+			b->buffer = &r->ints[i];
+			b->is_unsigned = (fields[i].flags & UNSIGNED_FLAG) != 0;
+		} else if (r->kind[i] == K_DOUBLE) {
+			b->buffer_type = MYSQL_TYPE_DOUBLE;
+			b->buffer = &r->dbls[i];
+		} else {
+			size_t size = (size_t)fields[i].max_length + 1;
+
+			if (!(r->bufs[i] = malloc(size))) {
+				r->ncols++;
+				rc = idem__error(IDEM_ENOMEM, "out of memory");
+				goto done;
+			}
+			b->buffer_type = r->kind[i] == K_BLOB ? MYSQL_TYPE_BLOB : MYSQL_TYPE_STRING;
+			b->buffer = r->bufs[i];
+			b->buffer_length = (unsigned long)size;
+		}
+	}
+	if (mysql_stmt_bind_result(st, r->bind) != 0) {
+		rc = fail_stmt(c, st, CTX_PLAIN, "bind_result");
+		goto done;
+	}
+	while ((f = mysql_stmt_fetch(st)) == 0) {
+		idem_value cols[MAX_COLS];
+
+		for (int i = 0; i < r->ncols; i++) {
+			int64_t n;
+
+			if (r->nulls[i])
+				cols[i] = IDEM_V_NULL;
+			else if (r->kind[i] == K_INT)
+				cols[i] = IDEM_V_INT(r->ints[i]);
+			else if (r->kind[i] == K_DOUBLE)
+				cols[i] = IDEM_V_INT((int64_t)r->dbls[i]);
+			else if (r->kind[i] == K_DECIMAL &&
+				 idem__parse_int64(r->bufs[i], r->lens[i], &n) == 0)
+				/* SUM() of integers is DECIMAL here, an integer elsewhere. */
+				cols[i] = IDEM_V_INT(n);
+			else if (r->kind[i] == K_BLOB)
+				cols[i] = IDEM_V_BLOB(r->bufs[i], r->lens[i]);
+			else
+				cols[i] = IDEM_V_TEXTN(r->bufs[i], r->lens[i]);
+		}
+		if ((rc = fn(ctx, cols, r->ncols)) != 0) {
+			rc = rc > 0 ? 0 : rc;
+			goto done;
+		}
+	}
+	if (f == MYSQL_DATA_TRUNCATED)
+		rc = idem__error(IDEM_ESTORE, "mariadb: a column was truncated on fetch");
+	else if (f != MYSQL_NO_DATA)
+		rc = fail_stmt(c, st, CTX_BUSINESS, "fetch");
+done:
+	if (meta)
+		mysql_free_result(meta);
+	return rc;
+}
+
+/*
+ * Run sql on c with params; call fn per row; report changes and the insert
+ * id. The one place a statement is executed, so every path gets the same
+ * classification and cleanup.
+ */
+static int run(conn *c, const char *sql, const idem_value *params, int n, idem_row_fn fn,
+	       void *ctx, int64_t *changes, int64_t *insert_id, err_ctx ectx)
+{
+	MYSQL_STMT *st = NULL;
+	MYSQL_BIND *pb = NULL;
+	int64_t *ints = NULL;
+	unsigned long *lens = NULL;
+	results *r = NULL;
+	int cached = 0, rc;
+
+	if (!c->my || c->broken)
+		return idem__error(IDEM_EUNAVAIL, "mariadb: connection lost");
+	if ((rc = prepare(c, sql, &st, &cached)) < 0)
+		return rc;
+	if ((int)mysql_stmt_param_count(st) != n) {
+		rc = idem__error(IDEM_EINVAL, "statement takes %lu parameters, %d given",
+				 mysql_stmt_param_count(st), n);
+		goto done;
+	}
+	if (n > 0) {
+		pb = calloc((size_t)n, sizeof(*pb));
+		ints = calloc((size_t)n, sizeof(*ints));
+		lens = calloc((size_t)n, sizeof(*lens));
+		if (!pb || !ints || !lens) {
+			rc = idem__error(IDEM_ENOMEM, "out of memory");
+			goto done;
+		}
+		for (int i = 0; i < n; i++) {
+			const idem_value *v = &params[i];
+
+			switch (v->type) {
+			case IDEM_VAL_INT:
+				ints[i] = v->i;
+				pb[i].buffer_type = MYSQL_TYPE_LONGLONG;
+				pb[i].buffer = &ints[i];
+				break;
+			case IDEM_VAL_TEXT:
+			case IDEM_VAL_BLOB:
+				pb[i].buffer_type = v->type == IDEM_VAL_TEXT ? MYSQL_TYPE_STRING
+									     : MYSQL_TYPE_BLOB;
+				/* The driver only reads the buffer; never NULL (that is SQL NULL). */
+				pb[i].buffer = (void *)(v->p ? v->p : "");
+				lens[i] = (unsigned long)v->len;
+				pb[i].buffer_length = lens[i];
+				pb[i].length = &lens[i];
+				break;
+			default: pb[i].buffer_type = MYSQL_TYPE_NULL; break;
+			}
+		}
+		if (mysql_stmt_bind_param(st, pb) != 0) {
+			rc = fail_stmt(c, st, CTX_PLAIN, "bind");
+			goto done;
+		}
+	}
+	if (mysql_stmt_execute(st) != 0) {
+		rc = fail_stmt(c, st, ectx, "statement");
+		goto done;
+	}
+	if (mysql_stmt_field_count(st) > 0) {
+		if (!(r = calloc(1, sizeof(*r)))) {
+			rc = idem__error(IDEM_ENOMEM, "out of memory");
+			goto done;
+		}
+		if ((rc = fetch_rows(c, st, r, fn, ctx)) < 0)
+			goto done;
+	} else if (changes) {
+		*changes = (int64_t)mysql_stmt_affected_rows(st);
+	}
+	if (insert_id)
+		*insert_id = (int64_t)mysql_stmt_insert_id(st);
+done:
+	if (r) {
+		results_free(r);
+		free(r);
+	}
+	if (st) {
+		mysql_stmt_free_result(st);
+		if (!cached)
+			mysql_stmt_close(st);
+	}
+	free(pb);
+	free(ints);
+	free(lens);
+	return rc;
+}
+
+/* A statement without parameters or rows, over the text protocol. */
+static int simple(conn *c, const char *sql, const char *what)
+{
+	MYSQL_RES *res;
+
+	if (!c->my || c->broken)
+		return idem__error(IDEM_EUNAVAIL, "mariadb: connection lost");
+	if (mysql_real_query(c->my, sql, (unsigned long)strlen(sql)) != 0)
+		return fail_conn(c, CTX_PLAIN, what);
+	/* Drain a result set if there is one (SELECT GET_LOCK ...). */
+	if ((res = mysql_store_result(c->my)))
+		mysql_free_result(res);
+	else if (mysql_field_count(c->my) != 0)
+		return fail_conn(c, CTX_PLAIN, what);
+	return 0;
+}
+
+/* ---- URLs ------------------------------------------------------------ */
+
+static int hexval(char ch)
+{
+	if (ch >= '0' && ch <= '9')
+		return ch - '0';
+	if (ch >= 'a' && ch <= 'f')
+		return ch - 'a' + 10;
+	if (ch >= 'A' && ch <= 'F')
+		return ch - 'A' + 10;
+	return -1;
+}
+
+/* Percent-decode s[0..len) into a new string; no NUL bytes allowed. */
+static int decode(const char *s, size_t len, char **out)
+{
+	char *d = malloc(len + 1);
+	size_t o = 0;
+
+	*out = NULL;
+	if (!d)
+		return idem__error(IDEM_ENOMEM, "out of memory");
+	for (size_t i = 0; i < len; i++) {
+		if (s[i] == '%') {
+			int hi = -1, lo = -1;
+
+			if (i + 2 < len) {
+				hi = hexval(s[i + 1]);
+				lo = hexval(s[i + 2]);
+			}
+			if (hi < 0 || lo < 0 || (hi == 0 && lo == 0)) {
+				free(d);
+				return idem__error(IDEM_EINVAL, "mariadb URL: bad percent escape");
+			}
+			d[o++] = (char)(hi * 16 + lo);
+			i += 2;
+		} else {
+			d[o++] = s[i];
+		}
+	}
+	d[o] = '\0';
+	*out = d;
+	return 0;
+}
+
+static void wipe_free(char *s)
+{
+	if (!s)
+		return;
+	/* volatile: the password must not survive in freed memory. */
+	for (volatile char *p = s; *p; p++)
+		*p = '\0';
+	free(s);
+}
+
+static void url_clear(my_url *u)
+{
+	free(u->user);
+	wipe_free(u->password);
+	free(u->host);
+	free(u->db);
+	free(u->socket);
+	memset(u, 0, sizeof(*u));
+}
+
+/*
+ * "//user[:password]@host[:port]/db[?socket=PATH]", each part
+ * percent-decoded. host may be an IPv6 literal in brackets.
+ */
+static int url_parse(my_url *u, const char *t)
+{
+	const char *auth, *auth_end, *at = NULL, *hp, *colon = NULL, *path_end, *q;
+	int rc = 0;
+
+	memset(u, 0, sizeof(*u));
+	if (strncmp(t, "//", 2) != 0)
+		goto bad;
+	auth = t + 2;
+	auth_end = auth + strcspn(auth, "/?#");
+	if (*auth_end != '/')
+		goto bad; /* the database is required */
+	for (const char *p = auth; p < auth_end; p++)
+		if (*p == '@')
+			at = p; /* the last '@': an unescaped one in a password still works */
+	if (!at || at == auth)
+		goto bad; /* the user is required */
+	for (const char *p = auth; p < at; p++)
+		if (*p == ':') {
+			colon = p;
+			break;
+		}
+	if ((rc = decode(auth, (size_t)((colon ? colon : at) - auth), &u->user)) < 0)
+		goto done;
+	if (colon && (rc = decode(colon + 1, (size_t)(at - colon - 1), &u->password)) < 0)
+		goto done;
+	hp = at + 1;
+	if (*hp == '[') {
+		const char *close = memchr(hp, ']', (size_t)(auth_end - hp));
+
+		if (!close)
+			goto bad;
+		if ((rc = decode(hp + 1, (size_t)(close - hp - 1), &u->host)) < 0)
+			goto done;
+		colon = close + 1 < auth_end && close[1] == ':' ? close + 1 : NULL;
+		if (close + 1 < auth_end && !colon)
+			goto bad;
+	} else {
+		colon = memchr(hp, ':', (size_t)(auth_end - hp));
+		if ((rc = decode(hp, (size_t)((colon ? colon : auth_end) - hp), &u->host)) < 0)
+			goto done;
+	}
+	if (colon) {
+		unsigned long port = 0;
+
+		if (colon + 1 == auth_end)
+			goto bad;
+		for (const char *p = colon + 1; p < auth_end; p++) {
+			if (*p < '0' || *p > '9' || port > 65535)
+				goto bad;
+			port = port * 10 + (unsigned long)(*p - '0');
+		}
+		if (port == 0 || port > 65535)
+			goto bad;
+		u->port = (unsigned int)port;
+	}
+	path_end = auth_end + 1 + strcspn(auth_end + 1, "?#");
+	if (path_end == auth_end + 1 || memchr(auth_end + 1, '/', (size_t)(path_end - auth_end - 1)))
+		goto bad;
+	if ((rc = decode(auth_end + 1, (size_t)(path_end - auth_end - 1), &u->db)) < 0)
+		goto done;
+	q = path_end;
+	while (*q == '?' || *q == '&') {
+		const char *key = q + 1, *val, *end = key + strcspn(key, "&#");
+
+		val = memchr(key, '=', (size_t)(end - key));
+		if (!val || (size_t)(val - key) != 6 || strncmp(key, "socket", 6) != 0 || u->socket)
+			goto bad;
+		if ((rc = decode(val + 1, (size_t)(end - val - 1), &u->socket)) < 0)
+			goto done;
+		q = end;
+	}
+	if (*q != '\0')
+		goto bad;
+	if (!*u->host && !u->socket)
+		goto bad;
+	goto done;
+bad:
+	rc = idem__error(IDEM_EINVAL, "mariadb URL must look like mysql://user[:password]@host"
+				      "[:port]/db[?socket=PATH]");
+done:
+	if (rc < 0)
+		url_clear(u);
+	return rc;
+}
+
+/* ---- connections ----------------------------------------------------- */
+
+static pthread_once_t library_once = PTHREAD_ONCE_INIT;
+static int library_rc;
+
+static void library_init(void)
+{
+	/* Not thread-safe inside mysql_init, so done once up front. */
+	library_rc = mysql_library_init(0, NULL, NULL);
+}
+
+static void conn_close(conn *c)
+{
+	for (int i = 0; i < c->ncache; i++) {
+		mysql_stmt_close(c->cache[i].st);
+		free(c->cache[i].sql);
+	}
+	c->ncache = 0;
+	if (c->my)
+		mysql_close(c->my);
+	c->my = NULL;
+	c->broken = 0;
+}
+
+static int conn_open(idem__backend *be, conn *c)
+{
+	unsigned int connect_timeout = 10, io_timeout = IO_TIMEOUT_S;
+	my_bool reconnect = 0;
+	char setup[320];
+	int wait_s = (be->opts.busy_timeout_ms + 999) / 1000;
+	int rc;
+
+	conn_close(c);
+	if (!(c->my = mysql_init(NULL)))
+		return idem__error(IDEM_ENOMEM, "mariadb: out of memory");
+	mysql_options(c->my, MYSQL_OPT_CONNECT_TIMEOUT, &connect_timeout);
+	/* A server that stops answering (SIGSTOP, a dead link) fails the call
+	 * after this long instead of hanging it forever. */
+	mysql_options(c->my, MYSQL_OPT_READ_TIMEOUT, &io_timeout);
+	mysql_options(c->my, MYSQL_OPT_WRITE_TIMEOUT, &io_timeout);
+	mysql_options(c->my, MYSQL_OPT_RECONNECT, &reconnect);
+	mysql_options(c->my, MYSQL_SET_CHARSET_NAME, "utf8mb4");
+	/* CLIENT_FOUND_ROWS: an UPDATE reports the rows it matched, as SQLite
+	 * and PostgreSQL do, even when it set a column to the value it had. */
+	if (!mysql_real_connect(c->my, *be->url.host ? be->url.host : NULL, be->url.user,
+				be->url.password, be->url.db, be->url.port, be->url.socket,
+				CLIENT_FOUND_ROWS)) {
+		rc = idem__error_driver(IDEM_EUNAVAIL, (int)mysql_errno(c->my), mysql_sqlstate(c->my),
+					"mariadb: connect: %s (errno %u)", mysql_error(c->my),
+					mysql_errno(c->my));
+		conn_close(c);
+		return rc;
+	}
+	snprintf(setup, sizeof(setup),
+		 "SET SESSION sql_mode = 'STRICT_ALL_TABLES,STRICT_TRANS_TABLES,"
+		 "ERROR_FOR_DIVISION_BY_ZERO,NO_AUTO_CREATE_USER,NO_ENGINE_SUBSTITUTION',"
+		 " innodb_lock_wait_timeout = %d, default_storage_engine = InnoDB",
+		 wait_s > 0 ? wait_s : 1);
+	if ((rc = simple(c, "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+			 "session setup")) < 0 ||
+	    (rc = simple(c, setup, "session setup")) < 0) {
+		conn_close(c);
+		return rc;
+	}
+	return 0;
+}
+
+static int take(idem__backend *be, int writer, conn **out, int *fresh)
+{
+	idem__pool *p = writer ? &be->wpool : &be->rpool;
+	conn *slots = writer ? be->writers : be->readers;
+	int i = idem__pool_take(p), rc;
+	conn *c = &slots[i];
+
+	*out = NULL;
+	*fresh = 0;
+	if (c->broken)
+		conn_close(c);
+	if (!c->my) {
+		if ((rc = conn_open(be, c)) < 0) {
+			idem__pool_give(p, i);
+			return rc;
+		}
+		*fresh = 1;
+	}
+	*out = c;
+	return 0;
+}
+
+static void give(idem__backend *be, conn *c)
+{
+	int writer = c >= be->writers && c < be->writers + IDEM__NET_WRITERS;
+
+	if (c->broken)
+		conn_close(c);
+	if (writer)
+		idem__pool_give(&be->wpool, (int)(c - be->writers));
+	else
+		idem__pool_give(&be->rpool, (int)(c - be->readers));
+}
+
+static int reader_take(idem__backend *be, conn **out, int *fresh)
+{
+	return take(be, be->nreaders == 0, out, fresh);
+}
+
+/*
+ * Run a read on a reader. A stale connection (the server restarted since it
+ * was last used) is replaced once, transparently: a failed read changed
+ * nothing, so running it again on a new connection is safe.
+ */
+static int read_on(idem__backend *be, const char *sql, const idem_value *params, int n,
+		   idem_row_fn fn, void *ctx)
+{
+	int rc = 0;
+
+	for (int attempt = 0; attempt < 2; attempt++) {
+		conn *c = NULL;
+		int fresh = 0;
+
+		if ((rc = reader_take(be, &c, &fresh)) < 0)
+			return rc;
+		rc = run(c, sql, params, n, fn, ctx, NULL, NULL, CTX_BUSINESS);
+		give(be, c);
+		if (rc != IDEM_EUNAVAIL || fresh)
+			break;
+	}
+	return rc;
+}
+
+/* ---- schema ---------------------------------------------------------- */
+
+/*
+ * DDL commits implicitly in MariaDB, so a version is applied statement by
+ * statement and recorded after it succeeded; each statement is written to be
+ * rerun (IF NOT EXISTS) after a migration that died half way.
+ */
+static const char *const migration_1[] = {
+	"CREATE TABLE IF NOT EXISTS idem_records ("
+	" id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,"
+	" scope VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin NOT NULL"
+	"  CHECK (CHAR_LENGTH(scope) BETWEEN 1 AND 128),"
+	" business_type VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin NOT NULL"
+	"  CHECK (CHAR_LENGTH(business_type) BETWEEN 1 AND 64),"
+	" idem_key VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin NOT NULL"
+	"  CHECK (CHAR_LENGTH(idem_key) BETWEEN 1 AND 255),"
+	" version BIGINT NOT NULL,"
+	" status VARCHAR(16) NOT NULL CHECK (status IN ('PROCESSING','SUCCEEDED','FAILED')),"
+	" fingerprint VARCHAR(64) NOT NULL,"
+	" owner VARCHAR(64) NULL,"
+	" http_status INT NULL,"
+	" response LONGBLOB NULL,"
+	" lease_until BIGINT NULL,"
+	" created_at BIGINT NOT NULL,"
+	" expires_at BIGINT NOT NULL,"
+	" completed_at BIGINT NULL,"
+	" UNIQUE KEY idem_records_key (scope, business_type, idem_key),"
+	" KEY idem_records_expiry (expires_at)"
+	") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
+	NULL,
+};
+
+static const char *const *const migrations[] = {migration_1};
+
+#define SCHEMA_LATEST ((int)(sizeof(migrations) / sizeof(migrations[0])))
+
+static int read_int_row(void *ctx, const idem_value *cols, int n)
+{
+	*(int64_t *)ctx = n > 0 && cols[0].type == IDEM_VAL_INT ? cols[0].i : 0;
+	return 1;
+}
+
+static int version_in(conn *c, int *out)
+{
+	int64_t v = 0;
+	int rc = run(c,
+		     "SELECT count(*) FROM information_schema.tables"
+		     " WHERE table_schema = DATABASE() AND table_name = 'idem_schema_version'",
+		     NULL, 0, read_int_row, &v, NULL, NULL, CTX_PLAIN);
+
+	if (rc < 0)
+		return rc;
+	if (v && (rc = run(c, "SELECT coalesce(max(version), 0) FROM idem_schema_version", NULL, 0,
+			   read_int_row, &v, NULL, NULL, CTX_PLAIN)) < 0)
+		return rc;
+	*out = (int)v;
+	return 0;
+}
+
+static int my_schema_version(idem__backend *be, int *out)
+{
+	conn *c = NULL;
+	int fresh = 0, rc;
+
+	if ((rc = reader_take(be, &c, &fresh)) < 0)
+		return rc;
+	rc = version_in(c, out);
+	give(be, c);
+	return rc;
+}
+
+/* The migration lock is server-wide by name: one name per database. */
+#define MIGRATE_LOCK "CONCAT('idem_migrate:', MD5(DATABASE()))"
+
+static int my_migrate(idem__backend *be, int *version_out)
+{
+	conn *c = NULL;
+	int64_t got = 0;
+	int cur = 0, fresh = 0, locked = 0, rc;
+
+	if ((rc = take(be, 1, &c, &fresh)) < 0)
+		return rc;
+	/* GET_LOCK serialises migrating processes; it is released when the
+	 * connection ends too, so a crashed migrator never blocks the next. */
+	if ((rc = run(c, "SELECT GET_LOCK(" MIGRATE_LOCK ", 60)", NULL, 0, read_int_row, &got, NULL,
+		      NULL, CTX_PLAIN)) < 0)
+		goto out;
+	if (got != 1) {
+		rc = idem__error(IDEM_ERETRY, "mariadb: timed out waiting for the migration lock");
+		goto out;
+	}
+	locked = 1;
+	if ((rc = simple(c, "CREATE TABLE IF NOT EXISTS idem_schema_version ("
+			    " version INT NOT NULL PRIMARY KEY, applied_at BIGINT NOT NULL)"
+			    " ENGINE=InnoDB",
+			 "schema table")) < 0 ||
+	    (rc = version_in(c, &cur)) < 0)
+		goto out;
+	if (cur > SCHEMA_LATEST) {
+		rc = idem__error(IDEM_ESCHEMA,
+				 "database schema version %d is newer than this library's %d", cur,
+				 SCHEMA_LATEST);
+		goto out;
+	}
+	for (int v = cur + 1; v <= SCHEMA_LATEST; v++) {
+		idem_value p[2] = {IDEM_V_INT(v), IDEM_V_INT(idem_store_now(be->store))};
+
+		for (const char *const *s = migrations[v - 1]; *s; s++)
+			if ((rc = simple(c, *s, "migration")) < 0)
+				goto out;
+		if ((rc = run(c, "INSERT INTO idem_schema_version (version, applied_at) VALUES (?, ?)",
+			      p, 2, NULL, NULL, NULL, NULL, CTX_PLAIN)) < 0)
+			goto out;
+		cur = v;
+	}
+	if (version_out)
+		*version_out = cur;
+out:
+	if (locked && !c->broken && simple(c, "DO RELEASE_LOCK(" MIGRATE_LOCK ")", "unlock") < 0 &&
+	    rc == 0)
+		c->broken = 1; /* the lock must not outlive this call: drop the session */
+	give(be, c);
+	return rc;
+}
+
+/* ---- open / close ---------------------------------------------------- */
+
+static void my_close(idem__backend *be)
+{
+	if (!be)
+		return;
+	for (int i = 0; be->writers && i < IDEM__NET_WRITERS; i++)
+		conn_close(&be->writers[i]);
+	for (int i = 0; be->readers && i < be->nreaders; i++)
+		conn_close(&be->readers[i]);
+	free(be->writers);
+	free(be->readers);
+	idem__pool_destroy(&be->wpool);
+	idem__pool_destroy(&be->rpool);
+	url_clear(&be->url);
+	free(be);
+}
+
+static int my_open(idem__backend **out, idem_store *store, const char *target,
+		   const idem_store_opts *opts)
+{
+	idem__backend *be = NULL;
+	conn *c = NULL;
+	int fresh = 0, rc;
+
+	*out = NULL;
+	pthread_once(&library_once, library_init);
+	if (library_rc != 0)
+		return idem__error(IDEM_EUNAVAIL, "mariadb: client library failed to initialise");
+	if (!(be = calloc(1, sizeof(*be))))
+		return idem__error(IDEM_ENOMEM, "out of memory");
+	be->store = store;
+	be->opts = *opts;
+	if ((rc = url_parse(&be->url, target ? target : "")) < 0)
+		goto done;
+	be->nreaders = opts->read_connections;
+	if (!(be->writers = calloc(IDEM__NET_WRITERS, sizeof(conn))) ||
+	    (be->nreaders && !(be->readers = calloc((size_t)be->nreaders, sizeof(conn))))) {
+		rc = idem__error(IDEM_ENOMEM, "out of memory");
+		goto done;
+	}
+	for (int i = 0; i < IDEM__NET_WRITERS; i++) {
+		be->writers[i].txn.base.store = store;
+		be->writers[i].txn.be = be;
+		be->writers[i].txn.c = &be->writers[i];
+	}
+	if ((rc = idem__pool_init(&be->wpool, IDEM__NET_WRITERS)) < 0 ||
+	    (rc = idem__pool_init(&be->rpool, be->nreaders)) < 0)
+		goto done;
+	/* One connection now, so a wrong URL or a down server fails the open. */
+	if ((rc = take(be, 1, &c, &fresh)) < 0)
+		goto done;
+	give(be, c);
+	*out = be;
+	be = NULL;
+	rc = 0;
+done:
+	my_close(be);
+	return rc;
+}
+
+MYSQL *idem__mariadb_connect(const char *url)
+{
+	idem_store_opts opts = IDEM_STORE_OPTS_INIT;
+	idem__backend be;
+	conn c;
+	const char *colon = url ? strchr(url, ':') : NULL;
+	MYSQL *my = NULL;
+
+	memset(&be, 0, sizeof(be));
+	memset(&c, 0, sizeof(c));
+	be.opts = opts;
+	pthread_once(&library_once, library_init);
+	if (!colon || library_rc != 0) {
+		idem__error(IDEM_EINVAL, "mariadb: not a mysql:// URL");
+		return NULL;
+	}
+	if (url_parse(&be.url, colon + 1) == 0 && conn_open(&be, &c) == 0) {
+		my = c.my; /* no statements cached yet: the handle is all there is */
+		c.my = NULL;
+	}
+	url_clear(&be.url);
+	return my;
+}
+
+static int my_ping(idem__backend *be)
+{
+	return read_on(be, "SELECT 1", NULL, 0, NULL, NULL);
+}
+
+/* ---- transactions ---------------------------------------------------- */
+
+static conn *conn_of(idem_txn *txn)
+{
+	return ((my_txn *)txn)->c;
+}
+
+/*
+ * START TRANSACTION on a writer. A connection that went stale while pooled
+ * fails here; nothing ran on it, so one retry on a new connection is safe.
+ */
+static int my_txn_begin(idem__backend *be, idem_txn **out)
+{
+	int rc = 0;
+
+	*out = NULL;
+	for (int attempt = 0; attempt < 2; attempt++) {
+		conn *c = NULL;
+		int fresh = 0;
+
+		if ((rc = take(be, 1, &c, &fresh)) < 0)
+			return rc;
+		if ((rc = simple(c, "START TRANSACTION", "begin")) == 0) {
+			*out = &c->txn.base;
+			return 0;
+		}
+		give(be, c);
+		if (rc != IDEM_EUNAVAIL || fresh)
+			break;
+	}
+	return rc;
+}
+
+static void my_txn_rollback(idem_txn *txn)
+{
+	conn *c = conn_of(txn);
+
+	if (c->my && !c->broken && mysql_real_query(c->my, "ROLLBACK", 8) != 0)
+		c->broken = 1;
+	give(((my_txn *)txn)->be, c);
+}
+
+static int my_txn_commit(idem_txn *txn)
+{
+	conn *c = conn_of(txn);
+	int rc = simple(c, "COMMIT", "commit");
+
+	if (rc < 0) {
+		/* 1213 at COMMIT is a Galera certification conflict: retryable.
+		 * A lost connection leaves the outcome unknown: unavailable. */
+		my_txn_rollback(txn);
+		return rc;
+	}
+	give(((my_txn *)txn)->be, c);
+	return 0;
+}
+
+static int savepoint_sql(idem_txn *txn, const char *verb, const char *name)
+{
+	char sql[96];
+
+	for (const char *p = name; *p; p++)
+		if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '_'))
+			return idem__error(IDEM_EINVAL, "bad savepoint name");
+	snprintf(sql, sizeof(sql), "%s %s", verb, name);
+	return simple(conn_of(txn), sql, verb);
+}
+
+static int my_savepoint(idem_txn *txn, const char *name)
+{
+	return savepoint_sql(txn, "SAVEPOINT", name);
+}
+
+static int my_release(idem_txn *txn, const char *name)
+{
+	return savepoint_sql(txn, "RELEASE SAVEPOINT", name);
+}
+
+static int my_rollback_to(idem_txn *txn, const char *name)
+{
+	return savepoint_sql(txn, "ROLLBACK TO SAVEPOINT", name);
+}
+
+/* ---- records --------------------------------------------------------- */
+
+static const char sql_get[] = "SELECT " IDEM__RECORD_COLS " FROM idem_records"
+			      " WHERE scope = ? AND business_type = ? AND idem_key = ?";
+
+static int get_on(conn *c, const idem__key *k, idem__record *out)
+{
+	idem_value p[3] = {IDEM_V_TEXTN(k->scope, k->scope_len), IDEM_V_TEXTN(k->type, k->type_len),
+			   IDEM_V_TEXTN(k->key, k->key_len)};
+	int rc;
+
+	memset(out, 0, sizeof(*out));
+	rc = run(c, sql_get, p, 3, idem__record_row, out, NULL, NULL, CTX_PLAIN);
+	if (rc < 0) {
+		idem__record_clear(out);
+		return rc;
+	}
+	return out->id ? 0 : IDEM_ENOTFOUND;
+}
+
+static int my_rec_get(idem_txn *txn, const idem__key *k, idem__record *out)
+{
+	return get_on(conn_of(txn), k, out);
+}
+
+static int my_rec_read(idem__backend *be, const idem__key *k, idem__record *out)
+{
+	int rc = 0;
+
+	for (int attempt = 0; attempt < 2; attempt++) {
+		conn *c = NULL;
+		int fresh = 0;
+
+		if ((rc = reader_take(be, &c, &fresh)) < 0)
+			return rc;
+		rc = get_on(c, k, out);
+		give(be, c);
+		if (rc != IDEM_EUNAVAIL || fresh)
+			break;
+	}
+	return rc;
+}
+
+/*
+ * A plain INSERT: InnoDB makes a second claimer wait on the first one's row
+ * lock, then fails it with 1062 (rolling back that statement only), and the
+ * record it then reads is committed (READ COMMITTED).
+ */
+static int my_rec_insert(idem_txn *txn, const idem__key *k, idem__record *rec)
+{
+	static const char sql[] =
+		"INSERT INTO idem_records (scope, business_type, idem_key, version, status,"
+		" fingerprint, owner, lease_until, created_at, expires_at)"
+		" VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+	idem_value p[10] = {IDEM_V_TEXTN(k->scope, k->scope_len),
+			    IDEM_V_TEXTN(k->type, k->type_len),
+			    IDEM_V_TEXTN(k->key, k->key_len),
+			    IDEM_V_INT(rec->version),
+			    IDEM_V_TEXT(idem__status_name(rec->status)),
+			    IDEM_V_TEXT(rec->fingerprint),
+			    IDEM_V_TEXT(rec->owner),
+			    IDEM_V_INT(rec->lease_until),
+			    IDEM_V_INT(rec->created_at),
+			    IDEM_V_INT(rec->expires_at)};
+	int64_t id = 0;
+	int rc = run(conn_of(txn), sql, p, 10, NULL, NULL, NULL, &id, CTX_CLAIM);
+
+	if (rc == 0)
+		rec->id = id;
+	return rc;
+}
+
+static int changed_one(conn *c, const char *sql, const idem_value *p, int n, int *changed)
+{
+	int64_t ch = 0;
+	int rc = run(c, sql, p, n, NULL, NULL, &ch, NULL, CTX_PLAIN);
+
+	*changed = rc == 0 && ch == 1;
+	return rc;
+}
+
+static int my_rec_takeover(idem_txn *txn, int64_t id, int64_t version, const idem__record *rec,
+			   int *changed)
+{
+	static const char sql[] =
+		"UPDATE idem_records SET version = version + 1, status = 'PROCESSING',"
+		" fingerprint = ?, owner = ?, http_status = NULL, response = NULL,"
+		" lease_until = ?, created_at = ?, expires_at = ?, completed_at = NULL"
+		" WHERE id = ? AND version = ?";
+	idem_value p[7] = {IDEM_V_TEXT(rec->fingerprint), IDEM_V_TEXT(rec->owner),
+			   IDEM_V_INT(rec->lease_until),  IDEM_V_INT(rec->created_at),
+			   IDEM_V_INT(rec->expires_at),   IDEM_V_INT(id),
+			   IDEM_V_INT(version)};
+
+	return changed_one(conn_of(txn), sql, p, 7, changed);
+}
+
+static int my_rec_complete(idem_txn *txn, int64_t id, const char *owner, idem__status st,
+			   int http_status, const unsigned char *body, size_t len, int *changed)
+{
+	static const char sql[] =
+		"UPDATE idem_records SET version = version + 1, status = ?, http_status = ?,"
+		" response = ?, owner = NULL, lease_until = NULL, completed_at = ?"
+		" WHERE id = ? AND owner = ? AND status = 'PROCESSING'";
+	idem_value p[6] = {IDEM_V_TEXT(idem__status_name(st)),
+			   IDEM_V_INT(http_status),
+			   IDEM_V_BLOB(body, len),
+			   IDEM_V_INT(idem_store_now(txn->store)),
+			   IDEM_V_INT(id),
+			   IDEM_V_TEXT(owner)};
+
+	return changed_one(conn_of(txn), sql, p, 6, changed);
+}
+
+static int my_rec_extend(idem_txn *txn, int64_t id, const char *owner, int64_t lease_until,
+			 int *changed)
+{
+	static const char sql[] = "UPDATE idem_records SET lease_until = ?"
+				  " WHERE id = ? AND owner = ? AND status = 'PROCESSING'";
+	idem_value p[3] = {IDEM_V_INT(lease_until), IDEM_V_INT(id), IDEM_V_TEXT(owner)};
+
+	return changed_one(conn_of(txn), sql, p, 3, changed);
+}
+
+static int my_rec_delete_owned(idem_txn *txn, int64_t id, const char *owner, int *changed)
+{
+	static const char sql[] =
+		"DELETE FROM idem_records WHERE id = ? AND owner = ? AND status = 'PROCESSING'";
+	idem_value p[2] = {IDEM_V_INT(id), IDEM_V_TEXT(owner)};
+
+	return changed_one(conn_of(txn), sql, p, 2, changed);
+}
+
+/* One batch through the expires_at index; a live lease is never purged. */
+static int my_purge_batch(idem__backend *be, int64_t now, int batch, int64_t *deleted)
+{
+	/* MariaDB takes no LIMIT in an IN subquery, but DELETE has its own. */
+	static const char sql[] =
+		"DELETE FROM idem_records WHERE expires_at <= ?"
+		" AND (status <> 'PROCESSING' OR lease_until <= ?) ORDER BY expires_at LIMIT ?";
+	idem_value p[3] = {IDEM_V_INT(now), IDEM_V_INT(now), IDEM_V_INT(batch)};
+	idem_txn *txn = NULL;
+	int rc;
+
+	*deleted = 0;
+	if ((rc = my_txn_begin(be, &txn)) < 0)
+		return rc;
+	if ((rc = run(conn_of(txn), sql, p, 3, NULL, NULL, deleted, NULL, CTX_PLAIN)) < 0) {
+		my_txn_rollback(txn);
+		return rc;
+	}
+	return my_txn_commit(txn);
+}
+
+/* ---- generic SQL ----------------------------------------------------- */
+
+/* InnoDB rolls back only the failed statement, so no savepoint is needed. */
+static int my_txn_exec(idem_txn *txn, const char *sql, const idem_value *params, int n,
+		       int64_t *changes)
+{
+	return run(conn_of(txn), sql, params, n, NULL, NULL, changes, NULL, CTX_BUSINESS);
+}
+
+static int my_txn_query(idem_txn *txn, const char *sql, const idem_value *params, int n,
+			idem_row_fn fn, void *ctx)
+{
+	return run(conn_of(txn), sql, params, n, fn, ctx, NULL, NULL, CTX_BUSINESS);
+}
+
+static int my_read_query(idem__backend *be, const char *sql, const idem_value *params, int n,
+			 idem_row_fn fn, void *ctx)
+{
+	return read_on(be, sql, params, n, fn, ctx);
+}
+
+const idem__backend_ops idem__mariadb_ops = {
+	.version = IDEM__BACKEND_OPS_VERSION,
+	.name = "mariadb",
+	.open = my_open,
+	.close = my_close,
+	.migrate = my_migrate,
+	.schema_version = my_schema_version,
+	.schema_latest = SCHEMA_LATEST,
+	.ping = my_ping,
+	.txn_begin = my_txn_begin,
+	.txn_commit = my_txn_commit,
+	.txn_rollback = my_txn_rollback,
+	.savepoint = my_savepoint,
+	.release = my_release,
+	.rollback_to = my_rollback_to,
+	.rec_insert = my_rec_insert,
+	.rec_get = my_rec_get,
+	.rec_takeover = my_rec_takeover,
+	.rec_complete = my_rec_complete,
+	.rec_extend = my_rec_extend,
+	.rec_delete_owned = my_rec_delete_owned,
+	.rec_read = my_rec_read,
+	.purge_batch = my_purge_batch,
+	.txn_exec = my_txn_exec,
+	.txn_query = my_txn_query,
+	.read_query = my_read_query,
+};

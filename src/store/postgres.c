@@ -1,0 +1,1159 @@
+/*
+ * store/postgres.c: the PostgreSQL backend, on libpq.
+ *
+ * Two pools of connections: IDEM__NET_WRITERS writers, each holding one
+ * write transaction at a time (units of work, claims, purge batches), and
+ * opts.read_connections readers for the read-before-write fast path and
+ * idem_store_query. Connections open lazily; one that breaks (the server
+ * went away, was restarted, killed our backend) is dropped when it goes back
+ * to its pool and reopened on next use, so the store recovers without being
+ * reopened. Statements are prepared once per connection, keyed by their SQL
+ * text; the generic `?` placeholders are rewritten to $1..$n on the way.
+ * Every session runs READ COMMITTED with lock_timeout = busy_timeout_ms.
+ *
+ * Error classification is exact. The claim is INSERT ... ON CONFLICT
+ * (scope, business_type, idem_key) DO NOTHING RETURNING id: a row back means
+ * the INSERT won, no row means the key exists (the INSERT waited for a
+ * concurrent claimer to finish first), and every other failure raises.
+ * 40001, 40P01 and 55P03 mean "retry"; 23505 in business SQL a business
+ * conflict; other class 23 states constraint violations; class 08 and
+ * 57P01..57P03 "store unavailable". Nothing else is ever a duplicate.
+ *
+ * A failed statement aborts a whole PostgreSQL transaction, but idem's
+ * contract is that a failed business statement leaves the unit's
+ * transaction usable, so each business statement runs inside its own
+ * savepoint. This file must never print or read the environment: libpq's
+ * notices are swallowed, and the URL (it may hold a password) is never put
+ * into an error message.
+ */
+#include <libpq-fe.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "store/netdb.h"
+#include "store/store.h"
+#include "util/error.h"
+
+#define STMT_CACHE 64
+#define MAX_COLS 32
+#define SQL_MAX (1 << 20)
+
+/* Key of the advisory lock that serialises migrations (per database). */
+#define MIGRATE_LOCK_KEY "7589122023311"
+
+#define OID_BOOL 16
+#define OID_BYTEA 17
+#define OID_INT8 20
+#define OID_INT2 21
+#define OID_INT4 23
+#define OID_OID 26
+#define OID_NUMERIC 1700
+
+typedef struct conn conn;
+
+typedef struct {
+	struct idem_txn base;
+	idem__backend *be;
+	conn *c;
+} pg_txn;
+
+struct conn {
+	PGconn *pg;
+	int broken; /* lost or in an unknown state: drop it when given back */
+	int ncache;
+	struct {
+		char *sql; /* the caller's SQL text, before rewriting */
+		int nparams;
+	} cache[STMT_CACHE]; /* statement i is prepared as "idem_<i>" */
+	pg_txn txn;
+};
+
+struct idem__backend {
+	idem_store *store;
+	char *url;
+	idem_store_opts opts;
+	conn *writers;
+	idem__pool wpool;
+	conn *readers;
+	int nreaders;
+	idem__pool rpool;
+};
+
+/* ---- errors ---------------------------------------------------------- */
+
+typedef enum { CTX_PLAIN, CTX_CLAIM, CTX_BUSINESS } err_ctx;
+
+static int is_state(const char *s, const char *want)
+{
+	return s && strcmp(s, want) == 0;
+}
+
+static int is_class(const char *s, const char *cls)
+{
+	return s && strncmp(s, cls, 2) == 0;
+}
+
+/*
+ * Map a failed statement to an idem code and record the detail (SQLSTATE
+ * kept in idem_error). res may be NULL when libpq produced no result at all.
+ */
+static int fail(conn *c, const PGresult *res, err_ctx ctx, const char *what)
+{
+	const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+	const char *cons = res ? PQresultErrorField(res, PG_DIAG_CONSTRAINT_NAME) : NULL;
+	const char *msg = res ? PQresultErrorMessage(res) : "";
+	int code, len;
+
+	if (!msg || !*msg)
+		msg = c->pg ? PQerrorMessage(c->pg) : "no connection";
+	len = (int)strlen(msg);
+	while (len > 0 && (msg[len - 1] == '\n' || msg[len - 1] == ' '))
+		len--;
+	if (!c->pg || PQstatus(c->pg) == CONNECTION_BAD || !state) {
+		/* libpq's own failure (no SQLSTATE): the connection is gone or
+		 * out of step; never reuse it. */
+		c->broken = 1;
+		code = IDEM_EUNAVAIL;
+	} else if (is_state(state, "23505")) {
+		if (ctx == CTX_CLAIM && is_state(cons, "idem_records_key"))
+			return IDEM__DUPLICATE;
+		code = ctx == CTX_BUSINESS ? IDEM_ECONFLICT : IDEM_ESTORE;
+	} else if (is_class(state, "23")) {
+		code = IDEM_ECONSTRAINT;
+	} else if (is_state(state, "40001") || is_state(state, "40P01") ||
+		   is_state(state, "55P03")) {
+		code = IDEM_ERETRY;
+	} else if (is_class(state, "08") || is_state(state, "57P01") ||
+		   is_state(state, "57P02") || is_state(state, "57P03")) {
+		c->broken = 1;
+		code = IDEM_EUNAVAIL;
+	} else if (is_state(state, "53300")) {
+		code = IDEM_EUNAVAIL; /* too many connections */
+	} else if (is_state(state, "XX001") || is_state(state, "XX002")) {
+		code = IDEM_ECORRUPT;
+	} else {
+		code = IDEM_ESTORE;
+	}
+	return idem__error_driver(code, 0, state, "postgresql: %s: %.*s (SQLSTATE %s)", what, len,
+				  msg, state ? state : "none");
+}
+
+/* ---- SQL text -------------------------------------------------------- */
+
+/*
+ * Rewrite the generic `?` placeholders to $1..$n, leaving alone anything in
+ * a string literal ('..', E'..'), a quoted identifier, a comment or a
+ * dollar-quoted string. *out is malloc'd; *nparams the number of `?`.
+ */
+static int rewrite(const char *sql, char **out, int *nparams)
+{
+	size_t len = strlen(sql), o = 0, cap;
+	char *buf;
+	int n = 0;
+
+	*out = NULL;
+	if (len > SQL_MAX)
+		return idem__error(IDEM_EINVAL, "SQL text longer than %d bytes", SQL_MAX);
+	/* Each one-byte `?` becomes at most "$" and 7 digits. */
+	cap = len * 8 + 1;
+	if (!(buf = malloc(cap)))
+		return idem__error(IDEM_ENOMEM, "out of memory");
+	for (size_t i = 0; i < len;) {
+		char ch = sql[i];
+
+		if (ch == '?') {
+			o += (size_t)snprintf(buf + o, cap - o, "$%d", ++n);
+			i++;
+		} else if (ch == '\'' || ch == '"') {
+			/* E'...' strings take backslash escapes; doubling escapes in all. */
+			int esc = ch == '\'' && i > 0 && (sql[i - 1] == 'E' || sql[i - 1] == 'e');
+
+			buf[o++] = sql[i++];
+			while (i < len) {
+				if (esc && sql[i] == '\\' && i + 1 < len) {
+					buf[o++] = sql[i++];
+				} else if (sql[i] == ch) {
+					if (i + 1 < len && sql[i + 1] == ch) {
+						buf[o++] = sql[i++];
+					} else {
+						break;
+					}
+				}
+				buf[o++] = sql[i++];
+			}
+			if (i < len)
+				buf[o++] = sql[i++];
+		} else if (ch == '-' && i + 1 < len && sql[i + 1] == '-') {
+			while (i < len && sql[i] != '\n')
+				buf[o++] = sql[i++];
+		} else if (ch == '/' && i + 1 < len && sql[i + 1] == '*') {
+			int depth = 0; /* PostgreSQL's block comments nest */
+
+			do {
+				if (sql[i] == '/' && i + 1 < len && sql[i + 1] == '*') {
+					depth++;
+					buf[o++] = sql[i++];
+				} else if (sql[i] == '*' && i + 1 < len && sql[i + 1] == '/') {
+					depth--;
+					buf[o++] = sql[i++];
+				}
+				buf[o++] = sql[i++];
+			} while (i < len && depth > 0);
+		} else if (ch == '$' && (i == 0 || !(sql[i - 1] == '_' ||
+						      (sql[i - 1] >= 'a' && sql[i - 1] <= 'z') ||
+						      (sql[i - 1] >= 'A' && sql[i - 1] <= 'Z') ||
+						      (sql[i - 1] >= '0' && sql[i - 1] <= '9')))) {
+			/* $tag$ ... $tag$ (tag may be empty). */
+			size_t t = i + 1;
+			const char *close;
+
+			while (t < len && (sql[t] == '_' || (sql[t] >= 'a' && sql[t] <= 'z') ||
+					   (sql[t] >= 'A' && sql[t] <= 'Z') ||
+					   (t > i + 1 && sql[t] >= '0' && sql[t] <= '9')))
+				t++;
+			if (t < len && sql[t] == '$') {
+				size_t tag = t + 1 - i;
+				char delim[72];
+
+				if (tag >= sizeof(delim)) {
+					free(buf);
+					return idem__error(IDEM_EINVAL, "dollar-quote tag too long");
+				}
+				memcpy(delim, sql + i, tag);
+				delim[tag] = '\0';
+				close = strstr(sql + i + tag, delim);
+				t = close ? (size_t)(close - sql) + tag : len;
+				memcpy(buf + o, sql + i, t - i);
+				o += t - i;
+				i = t;
+			} else {
+				buf[o++] = sql[i++];
+			}
+		} else {
+			buf[o++] = sql[i++];
+		}
+	}
+	buf[o] = '\0';
+	*out = buf;
+	*nparams = n;
+	return 0;
+}
+
+/* ---- parameters and results ------------------------------------------ */
+
+/*
+ * Parameters as libpq wants them. Integers and text go in text format (so
+ * the server converts them to whatever type it inferred for the placeholder);
+ * blobs in binary format, which for bytea is the bytes themselves.
+ */
+typedef struct {
+	const char **values;
+	int *lengths;
+	int *formats;
+	char *mem;
+} bound;
+
+static void bound_free(bound *b)
+{
+	free(b->mem);
+	memset(b, 0, sizeof(*b));
+}
+
+static int bind_params(bound *b, const idem_value *params, int n)
+{
+	size_t size = 0, off;
+	char *text;
+
+	memset(b, 0, sizeof(*b));
+	if (n <= 0)
+		return 0;
+	for (int i = 0; i < n; i++) {
+		if (params[i].type == IDEM_VAL_TEXT) {
+			if (params[i].len && memchr(params[i].p, '\0', params[i].len))
+				return idem__error(IDEM_EINVAL,
+						   "postgresql text cannot hold a NUL byte (parameter %d)",
+						   i + 1);
+			size += params[i].len + 1;
+		} else if (params[i].type == IDEM_VAL_INT) {
+			size += 24;
+		}
+	}
+	off = (size_t)n * (sizeof(char *) + 2 * sizeof(int));
+	if (!(b->mem = malloc(off + size + 1)))
+		return idem__error(IDEM_ENOMEM, "out of memory");
+	b->values = (const char **)(void *)b->mem;
+	b->lengths = (int *)(void *)(b->mem + (size_t)n * sizeof(char *));
+	b->formats = b->lengths + n;
+	text = b->mem + off;
+	for (int i = 0; i < n; i++) {
+		const idem_value *v = &params[i];
+
+		b->lengths[i] = 0;
+		b->formats[i] = 0;
+		switch (v->type) {
+		case IDEM_VAL_INT:
+			b->values[i] = text;
+			text += snprintf(text, 24, "%lld", (long long)v->i) + 1;
+			break;
+		case IDEM_VAL_TEXT:
+			if (v->len)
+				memcpy(text, v->p, v->len);
+			text[v->len] = '\0';
+			b->values[i] = text;
+			text += v->len + 1;
+			break;
+		case IDEM_VAL_BLOB:
+			if (v->len > 0x7fffffff) {
+				bound_free(b);
+				return idem__error(IDEM_EINVAL, "blob parameter too large");
+			}
+			/* Never a NULL pointer: that would bind SQL NULL, not an empty blob. */
+			b->values[i] = v->p ? v->p : "";
+			b->lengths[i] = (int)v->len;
+			b->formats[i] = 1;
+			break;
+		default: b->values[i] = NULL; break;
+		}
+	}
+	return 0;
+}
+
+/* Call fn for each row of res; bytea is unescaped, integers parsed. */
+static int deliver_rows(PGresult *res, idem_row_fn fn, void *ctx)
+{
+	int nrows = PQntuples(res), ncols = PQnfields(res), rc = 0;
+	unsigned char *owned[MAX_COLS];
+
+	if (!fn || nrows == 0)
+		return 0;
+	if (ncols > MAX_COLS)
+		return idem__error(IDEM_EINVAL, "query returns more than %d columns", MAX_COLS);
+	for (int r = 0; r < nrows && rc == 0; r++) {
+		idem_value cols[MAX_COLS];
+		int nowned = 0;
+
+		for (int i = 0; i < ncols; i++) {
+			const char *v = PQgetvalue(res, r, i);
+			size_t len = (size_t)PQgetlength(res, r, i);
+			Oid type = PQftype(res, i);
+			int64_t n;
+
+			if (PQgetisnull(res, r, i)) {
+				cols[i] = IDEM_V_NULL;
+			} else if (type == OID_BYTEA) {
+				size_t blen = 0;
+				unsigned char *b = PQunescapeBytea((const unsigned char *)v, &blen);
+
+				if (!b) {
+					rc = idem__error(IDEM_ENOMEM, "out of memory");
+					break;
+				}
+				owned[nowned++] = b;
+				cols[i] = IDEM_V_BLOB(b, blen);
+			} else if (type == OID_BOOL) {
+				cols[i] = IDEM_V_INT(v[0] == 't');
+			} else if ((type == OID_INT8 || type == OID_INT4 || type == OID_INT2 ||
+				    type == OID_OID || type == OID_NUMERIC) &&
+				   idem__parse_int64(v, len, &n) == 0) {
+				/* numeric too when integral: sum(bigint) is numeric here,
+				 * an integer in the other backends. */
+				cols[i] = IDEM_V_INT(n);
+			} else {
+				cols[i] = IDEM_V_TEXTN(v, len);
+			}
+		}
+		if (rc == 0 && (rc = fn(ctx, cols, ncols)) > 0)
+			rc = 1;
+		for (int i = 0; i < nowned; i++)
+			PQfreemem(owned[i]);
+	}
+	return rc > 0 ? 0 : rc;
+}
+
+/* ---- statements ------------------------------------------------------ */
+
+/*
+ * Find or prepare sql on c. *slot is the cache index, or -1 when the cache
+ * is full: then *oneoff holds the rewritten SQL to run unprepared.
+ */
+static int prepare(conn *c, const char *sql, int n, int *slot, char **oneoff)
+{
+	char *text = NULL, name[16];
+	PGresult *res = NULL;
+	int nparams = 0, rc;
+
+	*slot = -1;
+	*oneoff = NULL;
+	for (int i = 0; i < c->ncache; i++)
+		if (strcmp(c->cache[i].sql, sql) == 0) {
+			if (c->cache[i].nparams != n)
+				return idem__error(IDEM_EINVAL, "statement takes %d parameters, %d given",
+						   c->cache[i].nparams, n);
+			*slot = i;
+			return 0;
+		}
+	if ((rc = rewrite(sql, &text, &nparams)) < 0)
+		return rc;
+	if (nparams != n) {
+		rc = idem__error(IDEM_EINVAL, "statement takes %d parameters, %d given", nparams, n);
+		goto done;
+	}
+	if (c->ncache == STMT_CACHE) {
+		*oneoff = text;
+		text = NULL;
+		rc = 0;
+		goto done;
+	}
+	snprintf(name, sizeof(name), "idem_%d", c->ncache);
+	res = PQprepare(c->pg, name, text, 0, NULL);
+	if (PQresultStatus(res) != PGRES_COMMAND_OK) {
+		rc = fail(c, res, CTX_BUSINESS, "prepare");
+		goto done;
+	}
+	if (!(c->cache[c->ncache].sql = strdup(sql))) {
+		/* The server keeps "idem_<n>"; drop the connection to stay in step. */
+		c->broken = 1;
+		rc = idem__error(IDEM_ENOMEM, "out of memory");
+		goto done;
+	}
+	c->cache[c->ncache].nparams = n;
+	*slot = c->ncache++;
+	rc = 0;
+done:
+	PQclear(res);
+	free(text);
+	return rc;
+}
+
+/*
+ * Run sql on c with params; call fn per row; report changes. The one place
+ * a statement with parameters is executed, so every path gets the same
+ * classification.
+ */
+static int run(conn *c, const char *sql, const idem_value *params, int n, idem_row_fn fn,
+	       void *ctx, int64_t *changes, err_ctx ectx)
+{
+	PGresult *res = NULL;
+	char *oneoff = NULL, name[16];
+	bound b = {0};
+	int slot = -1, rc;
+	ExecStatusType st;
+
+	if (!c->pg || c->broken)
+		return idem__error(IDEM_EUNAVAIL, "postgresql: connection lost");
+	if ((rc = bind_params(&b, params, n)) < 0)
+		return rc;
+	if ((rc = prepare(c, sql, n, &slot, &oneoff)) < 0)
+		goto done;
+	if (slot >= 0) {
+		snprintf(name, sizeof(name), "idem_%d", slot);
+		res = PQexecPrepared(c->pg, name, n, b.values, b.lengths, b.formats, 0);
+	} else {
+		res = PQexecParams(c->pg, oneoff, n, NULL, b.values, b.lengths, b.formats, 0);
+	}
+	st = PQresultStatus(res);
+	if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
+		rc = fail(c, res, ectx, "statement");
+		goto done;
+	}
+	if ((rc = deliver_rows(res, fn, ctx)) < 0)
+		goto done;
+	if (changes) {
+		const char *t = PQcmdTuples(res);
+		int64_t v = 0;
+
+		*changes = idem__parse_int64(t, strlen(t), &v) == 0 ? v : 0;
+	}
+done:
+	PQclear(res);
+	free(oneoff);
+	bound_free(&b);
+	return rc;
+}
+
+/* A statement without parameters or rows (BEGIN, SAVEPOINT, DDL scripts). */
+static int simple(conn *c, const char *sql, const char *what)
+{
+	PGresult *res;
+	int rc = 0;
+
+	if (!c->pg || c->broken)
+		return idem__error(IDEM_EUNAVAIL, "postgresql: connection lost");
+	res = PQexec(c->pg, sql);
+	if (PQresultStatus(res) != PGRES_COMMAND_OK && PQresultStatus(res) != PGRES_TUPLES_OK)
+		rc = fail(c, res, CTX_PLAIN, what);
+	PQclear(res);
+	return rc;
+}
+
+/* ---- connections ----------------------------------------------------- */
+
+static void quiet(void *arg, const char *message)
+{
+	/* The library never prints: NOTICEs are dropped. */
+	(void)arg;
+	(void)message;
+}
+
+static void conn_close(conn *c)
+{
+	for (int i = 0; i < c->ncache; i++)
+		free(c->cache[i].sql);
+	c->ncache = 0;
+	if (c->pg)
+		PQfinish(c->pg);
+	c->pg = NULL;
+	c->broken = 0;
+}
+
+static int conn_open(idem__backend *be, conn *c)
+{
+	/* Keywords before dbname are defaults the URL may override. */
+	const char *keys[] = {"connect_timeout", "fallback_application_name", "dbname", NULL};
+	const char *vals[] = {"10", "idem", be->url, NULL};
+	char setup[256];
+	int rc;
+
+	conn_close(c);
+	c->pg = PQconnectdbParams(keys, vals, 1);
+	if (!c->pg)
+		return idem__error(IDEM_ENOMEM, "postgresql: out of memory connecting");
+	if (PQstatus(c->pg) != CONNECTION_OK) {
+		const char *msg = PQerrorMessage(c->pg);
+		int len = (int)strlen(msg);
+
+		while (len > 0 && (msg[len - 1] == '\n' || msg[len - 1] == ' '))
+			len--;
+		rc = idem__error_driver(IDEM_EUNAVAIL, 0, NULL, "postgresql: connect: %.*s", len,
+					msg);
+		conn_close(c);
+		return rc;
+	}
+	PQsetNoticeProcessor(c->pg, quiet, NULL);
+	snprintf(setup, sizeof(setup),
+		 "SET default_transaction_isolation = 'read committed';"
+		 " SET lock_timeout = %d; SET client_min_messages = warning",
+		 be->opts.busy_timeout_ms > 0 ? be->opts.busy_timeout_ms : 1);
+	if ((rc = simple(c, setup, "session setup")) < 0) {
+		conn_close(c);
+		return rc;
+	}
+	return 0;
+}
+
+/*
+ * Take a connection from a pool, opening it if needed. *fresh is 1 when it
+ * was opened now (so a failure on it is not a stale connection's).
+ */
+static int take(idem__backend *be, int writer, conn **out, int *fresh)
+{
+	idem__pool *p = writer ? &be->wpool : &be->rpool;
+	conn *slots = writer ? be->writers : be->readers;
+	int i = idem__pool_take(p), rc;
+	conn *c = &slots[i];
+
+	*out = NULL;
+	*fresh = 0;
+	if (c->broken)
+		conn_close(c);
+	if (!c->pg) {
+		if ((rc = conn_open(be, c)) < 0) {
+			idem__pool_give(p, i);
+			return rc;
+		}
+		*fresh = 1;
+	}
+	*out = c;
+	return 0;
+}
+
+static void give(idem__backend *be, conn *c)
+{
+	int writer = c >= be->writers && c < be->writers + IDEM__NET_WRITERS;
+
+	/* A connection left inside a transaction is out of step: drop it. */
+	if (c->pg && !c->broken && PQtransactionStatus(c->pg) != PQTRANS_IDLE)
+		c->broken = 1;
+	if (c->broken)
+		conn_close(c);
+	if (writer)
+		idem__pool_give(&be->wpool, (int)(c - be->writers));
+	else
+		idem__pool_give(&be->rpool, (int)(c - be->readers));
+}
+
+/* Readers: the writer pool stands in when the store has none. */
+static int reader_take(idem__backend *be, conn **out, int *fresh)
+{
+	return take(be, be->nreaders == 0, out, fresh);
+}
+
+/*
+ * Run a read on a reader. A stale connection (the server restarted since it
+ * was last used) is replaced once, transparently: a failed read changed
+ * nothing, so running it again on a new connection is safe.
+ */
+static int read_on(idem__backend *be, const char *sql, const idem_value *params, int n,
+		   idem_row_fn fn, void *ctx)
+{
+	int rc = 0;
+
+	for (int attempt = 0; attempt < 2; attempt++) {
+		conn *c = NULL;
+		int fresh = 0;
+
+		if ((rc = reader_take(be, &c, &fresh)) < 0)
+			return rc;
+		rc = run(c, sql, params, n, fn, ctx, NULL, CTX_BUSINESS);
+		give(be, c);
+		if (rc >= 0 || rc != IDEM_EUNAVAIL || fresh)
+			break;
+	}
+	return rc;
+}
+
+/* ---- schema ---------------------------------------------------------- */
+
+static const char *const migrations[] = {
+	/* 1: idempotency records. Keys compare byte for byte (COLLATE "C"),
+	 * never trimmed or case-folded. The unique constraint's name is how a
+	 * 23505 on the claim is recognised. */
+	"CREATE TABLE idem_records ("
+	" id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+	" scope TEXT COLLATE \"C\" NOT NULL CHECK (length(scope) BETWEEN 1 AND 128),"
+	" business_type TEXT COLLATE \"C\" NOT NULL"
+	"  CHECK (length(business_type) BETWEEN 1 AND 64),"
+	" idem_key TEXT COLLATE \"C\" NOT NULL CHECK (length(idem_key) BETWEEN 1 AND 255),"
+	" version BIGINT NOT NULL,"
+	" status TEXT NOT NULL CHECK (status IN ('PROCESSING','SUCCEEDED','FAILED')),"
+	" fingerprint TEXT NOT NULL,"
+	" owner TEXT,"
+	" http_status INTEGER,"
+	" response BYTEA,"
+	" lease_until BIGINT,"
+	" created_at BIGINT NOT NULL,"
+	" expires_at BIGINT NOT NULL,"
+	" completed_at BIGINT,"
+	" CONSTRAINT idem_records_key UNIQUE (scope, business_type, idem_key)"
+	");"
+	"CREATE INDEX idem_records_expiry ON idem_records (expires_at);",
+};
+
+#define SCHEMA_LATEST ((int)(sizeof(migrations) / sizeof(migrations[0])))
+
+static int read_int_row(void *ctx, const idem_value *cols, int n)
+{
+	*(int64_t *)ctx = n > 0 && cols[0].type == IDEM_VAL_INT ? cols[0].i : 0;
+	return 1;
+}
+
+static int version_in(conn *c, int *out)
+{
+	int64_t v = 0;
+	int rc = run(c, "SELECT to_regclass('idem_schema_version') IS NOT NULL", NULL, 0,
+		     read_int_row, &v, NULL, CTX_PLAIN);
+
+	if (rc < 0)
+		return rc;
+	if (v && (rc = run(c, "SELECT coalesce(max(version), 0) FROM idem_schema_version", NULL, 0,
+			   read_int_row, &v, NULL, CTX_PLAIN)) < 0)
+		return rc;
+	*out = (int)v;
+	return 0;
+}
+
+static int pg_schema_version(idem__backend *be, int *out)
+{
+	conn *c = NULL;
+	int fresh = 0, rc;
+
+	if ((rc = reader_take(be, &c, &fresh)) < 0)
+		return rc;
+	rc = version_in(c, out);
+	give(be, c);
+	return rc;
+}
+
+/*
+ * Each pending version runs in one transaction with the row recording it,
+ * after pg_advisory_xact_lock: two processes migrating at once serialise on
+ * the lock and the second finds the work done. DDL is transactional here,
+ * so a failed migration leaves nothing behind.
+ */
+static int pg_migrate(idem__backend *be, int *version_out)
+{
+	conn *c = NULL;
+	int cur = 0, fresh = 0, rc;
+
+	if ((rc = take(be, 1, &c, &fresh)) < 0)
+		return rc;
+	if ((rc = simple(c, "BEGIN", "begin")) < 0)
+		goto out;
+	if ((rc = simple(c, "SELECT pg_advisory_xact_lock(" MIGRATE_LOCK_KEY ")", "lock")) < 0 ||
+	    (rc = simple(c, "CREATE TABLE IF NOT EXISTS idem_schema_version ("
+			    " version INTEGER PRIMARY KEY, applied_at BIGINT NOT NULL)",
+			 "schema table")) < 0 ||
+	    (rc = version_in(c, &cur)) < 0)
+		goto rollback;
+	if (cur > SCHEMA_LATEST) {
+		rc = idem__error(IDEM_ESCHEMA,
+				 "database schema version %d is newer than this library's %d", cur,
+				 SCHEMA_LATEST);
+		goto rollback;
+	}
+	for (int v = cur + 1; v <= SCHEMA_LATEST; v++) {
+		idem_value p[2] = {IDEM_V_INT(v), IDEM_V_INT(idem_store_now(be->store))};
+
+		if ((rc = simple(c, migrations[v - 1], "migration")) < 0 ||
+		    (rc = run(c, "INSERT INTO idem_schema_version (version, applied_at) VALUES (?, ?)",
+			      p, 2, NULL, NULL, NULL, CTX_PLAIN)) < 0)
+			goto rollback;
+		cur = v;
+	}
+	if ((rc = simple(c, "COMMIT", "commit")) < 0)
+		goto rollback;
+	if (version_out)
+		*version_out = cur;
+	goto out;
+rollback:
+	if (!c->broken)
+		PQclear(PQexec(c->pg, "ROLLBACK"));
+out:
+	give(be, c);
+	return rc;
+}
+
+/* ---- open / close ---------------------------------------------------- */
+
+static void pg_close(idem__backend *be)
+{
+	if (!be)
+		return;
+	for (int i = 0; be->writers && i < IDEM__NET_WRITERS; i++)
+		conn_close(&be->writers[i]);
+	for (int i = 0; be->readers && i < be->nreaders; i++)
+		conn_close(&be->readers[i]);
+	free(be->writers);
+	free(be->readers);
+	idem__pool_destroy(&be->wpool);
+	idem__pool_destroy(&be->rpool);
+	free(be->url);
+	free(be);
+}
+
+/* target: the URL after "postgresql:" or "postgres:", i.e. "//user@host/db". */
+static int pg_open(idem__backend **out, idem_store *store, const char *target,
+		   const idem_store_opts *opts)
+{
+	idem__backend *be = NULL;
+	PQconninfoOption *info = NULL;
+	char *err = NULL;
+	conn *c = NULL;
+	size_t len;
+	int fresh = 0, rc;
+
+	*out = NULL;
+	if (!target || strncmp(target, "//", 2) != 0)
+		return idem__error(IDEM_EINVAL,
+				   "postgresql URL must look like postgresql://user@host:port/db");
+	if (!(be = calloc(1, sizeof(*be))))
+		return idem__error(IDEM_ENOMEM, "out of memory");
+	be->store = store;
+	be->opts = *opts;
+	len = strlen(target) + sizeof("postgresql:");
+	if (!(be->url = malloc(len))) {
+		rc = idem__error(IDEM_ENOMEM, "out of memory");
+		goto done;
+	}
+	snprintf(be->url, len, "postgresql:%s", target);
+	/* Reject a malformed URL now, as bad input, not as "unreachable". */
+	if (!(info = PQconninfoParse(be->url, &err))) {
+		int n = err ? (int)strlen(err) : 0;
+
+		while (n > 0 && err[n - 1] == '\n')
+			n--;
+		rc = idem__error(IDEM_EINVAL, "postgresql URL invalid: %.*s", n,
+				 err ? err : "out of memory");
+		goto done;
+	}
+	be->nreaders = opts->read_connections;
+	if (!(be->writers = calloc(IDEM__NET_WRITERS, sizeof(conn))) ||
+	    (be->nreaders && !(be->readers = calloc((size_t)be->nreaders, sizeof(conn))))) {
+		rc = idem__error(IDEM_ENOMEM, "out of memory");
+		goto done;
+	}
+	for (int i = 0; i < IDEM__NET_WRITERS; i++) {
+		be->writers[i].txn.base.store = store;
+		be->writers[i].txn.be = be;
+		be->writers[i].txn.c = &be->writers[i];
+	}
+	if ((rc = idem__pool_init(&be->wpool, IDEM__NET_WRITERS)) < 0 ||
+	    (rc = idem__pool_init(&be->rpool, be->nreaders)) < 0)
+		goto done;
+	/* One connection now, so a wrong URL or a down server fails the open. */
+	if ((rc = take(be, 1, &c, &fresh)) < 0)
+		goto done;
+	give(be, c);
+	*out = be;
+	be = NULL;
+	rc = 0;
+done:
+	PQconninfoFree(info);
+	PQfreemem(err);
+	pg_close(be);
+	return rc;
+}
+
+static int pg_ping(idem__backend *be)
+{
+	return read_on(be, "SELECT 1", NULL, 0, NULL, NULL);
+}
+
+/* ---- transactions ---------------------------------------------------- */
+
+static conn *conn_of(idem_txn *txn)
+{
+	return ((pg_txn *)txn)->c;
+}
+
+/*
+ * BEGIN on a writer. A connection that went stale while pooled fails its
+ * BEGIN; nothing ran on it, so one retry on a new connection is safe and
+ * spares the caller an error after the server came back.
+ */
+static int pg_txn_begin(idem__backend *be, idem_txn **out)
+{
+	int rc = 0;
+
+	*out = NULL;
+	for (int attempt = 0; attempt < 2; attempt++) {
+		conn *c = NULL;
+		int fresh = 0;
+
+		if ((rc = take(be, 1, &c, &fresh)) < 0)
+			return rc;
+		if ((rc = simple(c, "BEGIN", "begin")) == 0) {
+			*out = &c->txn.base;
+			return 0;
+		}
+		give(be, c);
+		if (rc != IDEM_EUNAVAIL || fresh)
+			break;
+	}
+	return rc;
+}
+
+static void pg_txn_rollback(idem_txn *txn)
+{
+	conn *c = conn_of(txn);
+
+	if (c->pg && !c->broken) {
+		PGresult *res = PQexec(c->pg, "ROLLBACK");
+
+		if (PQresultStatus(res) != PGRES_COMMAND_OK)
+			c->broken = 1;
+		PQclear(res);
+	}
+	give(((pg_txn *)txn)->be, c);
+}
+
+static int pg_txn_commit(idem_txn *txn)
+{
+	conn *c = conn_of(txn);
+	PGresult *res = NULL;
+	int rc = 0;
+
+	if (!c->pg || c->broken) {
+		rc = idem__error(IDEM_EUNAVAIL, "postgresql: connection lost before commit");
+		goto done;
+	}
+	res = PQexec(c->pg, "COMMIT");
+	if (PQresultStatus(res) != PGRES_COMMAND_OK) {
+		/* Lost during COMMIT: its fate is unknown, and it is reported as
+		 * unavailable, never as success. */
+		rc = fail(c, res, CTX_PLAIN, "commit");
+	} else if (strcmp(PQcmdStatus(res), "COMMIT") != 0) {
+		/* COMMIT of a failed transaction answers ROLLBACK, not an error. */
+		rc = idem__error(IDEM_ESTORE, "postgresql: transaction was aborted; rolled back");
+	}
+done:
+	PQclear(res);
+	if (rc < 0) {
+		pg_txn_rollback(txn);
+		return rc;
+	}
+	give(((pg_txn *)txn)->be, c);
+	return 0;
+}
+
+static int savepoint_sql(idem_txn *txn, const char *verb, const char *name)
+{
+	char sql[96];
+
+	for (const char *p = name; *p; p++)
+		if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '_'))
+			return idem__error(IDEM_EINVAL, "bad savepoint name");
+	snprintf(sql, sizeof(sql), "%s %s", verb, name);
+	return simple(conn_of(txn), sql, verb);
+}
+
+static int pg_savepoint(idem_txn *txn, const char *name)
+{
+	return savepoint_sql(txn, "SAVEPOINT", name);
+}
+
+static int pg_release(idem_txn *txn, const char *name)
+{
+	return savepoint_sql(txn, "RELEASE SAVEPOINT", name);
+}
+
+static int pg_rollback_to(idem_txn *txn, const char *name)
+{
+	return savepoint_sql(txn, "ROLLBACK TO SAVEPOINT", name);
+}
+
+/* ---- records --------------------------------------------------------- */
+
+static const char sql_get[] = "SELECT " IDEM__RECORD_COLS " FROM idem_records"
+			      " WHERE scope = ? AND business_type = ? AND idem_key = ?";
+
+static int get_on(conn *c, const idem__key *k, idem__record *out)
+{
+	idem_value p[3] = {IDEM_V_TEXTN(k->scope, k->scope_len), IDEM_V_TEXTN(k->type, k->type_len),
+			   IDEM_V_TEXTN(k->key, k->key_len)};
+	int rc;
+
+	memset(out, 0, sizeof(*out));
+	rc = run(c, sql_get, p, 3, idem__record_row, out, NULL, CTX_PLAIN);
+	if (rc < 0) {
+		idem__record_clear(out);
+		return rc;
+	}
+	return out->id ? 0 : IDEM_ENOTFOUND;
+}
+
+static int pg_rec_get(idem_txn *txn, const idem__key *k, idem__record *out)
+{
+	return get_on(conn_of(txn), k, out);
+}
+
+static int pg_rec_read(idem__backend *be, const idem__key *k, idem__record *out)
+{
+	int rc = 0;
+
+	for (int attempt = 0; attempt < 2; attempt++) {
+		conn *c = NULL;
+		int fresh = 0;
+
+		if ((rc = reader_take(be, &c, &fresh)) < 0)
+			return rc;
+		rc = get_on(c, k, out);
+		give(be, c);
+		if (rc != IDEM_EUNAVAIL || fresh)
+			break;
+	}
+	return rc;
+}
+
+static int id_row(void *ctx, const idem_value *cols, int n)
+{
+	*(int64_t *)ctx = n > 0 && cols[0].type == IDEM_VAL_INT ? cols[0].i : 0;
+	return 1;
+}
+
+/*
+ * ON CONFLICT on exactly the idempotency key: a conflict there (after
+ * waiting for a concurrent claimer's transaction) returns no row; any other
+ * failure, including another unique index, raises and is classified.
+ */
+static int pg_rec_insert(idem_txn *txn, const idem__key *k, idem__record *rec)
+{
+	static const char sql[] =
+		"INSERT INTO idem_records (scope, business_type, idem_key, version, status,"
+		" fingerprint, owner, lease_until, created_at, expires_at)"
+		" VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+		" ON CONFLICT (scope, business_type, idem_key) DO NOTHING RETURNING id";
+	idem_value p[10] = {IDEM_V_TEXTN(k->scope, k->scope_len),
+			    IDEM_V_TEXTN(k->type, k->type_len),
+			    IDEM_V_TEXTN(k->key, k->key_len),
+			    IDEM_V_INT(rec->version),
+			    IDEM_V_TEXT(idem__status_name(rec->status)),
+			    IDEM_V_TEXT(rec->fingerprint),
+			    IDEM_V_TEXT(rec->owner),
+			    IDEM_V_INT(rec->lease_until),
+			    IDEM_V_INT(rec->created_at),
+			    IDEM_V_INT(rec->expires_at)};
+	int64_t id = 0;
+	int rc = run(conn_of(txn), sql, p, 10, id_row, &id, NULL, CTX_CLAIM);
+
+	if (rc != 0)
+		return rc;
+	if (id == 0)
+		return IDEM__DUPLICATE;
+	rec->id = id;
+	return 0;
+}
+
+static int changed_one(conn *c, const char *sql, const idem_value *p, int n, int *changed)
+{
+	int64_t ch = 0;
+	int rc = run(c, sql, p, n, NULL, NULL, &ch, CTX_PLAIN);
+
+	*changed = rc == 0 && ch == 1;
+	return rc;
+}
+
+static int pg_rec_takeover(idem_txn *txn, int64_t id, int64_t version, const idem__record *rec,
+			   int *changed)
+{
+	static const char sql[] =
+		"UPDATE idem_records SET version = version + 1, status = 'PROCESSING',"
+		" fingerprint = ?, owner = ?, http_status = NULL, response = NULL,"
+		" lease_until = ?, created_at = ?, expires_at = ?, completed_at = NULL"
+		" WHERE id = ? AND version = ?";
+	idem_value p[7] = {IDEM_V_TEXT(rec->fingerprint), IDEM_V_TEXT(rec->owner),
+			   IDEM_V_INT(rec->lease_until),  IDEM_V_INT(rec->created_at),
+			   IDEM_V_INT(rec->expires_at),   IDEM_V_INT(id),
+			   IDEM_V_INT(version)};
+
+	return changed_one(conn_of(txn), sql, p, 7, changed);
+}
+
+static int pg_rec_complete(idem_txn *txn, int64_t id, const char *owner, idem__status st,
+			   int http_status, const unsigned char *body, size_t len, int *changed)
+{
+	static const char sql[] =
+		"UPDATE idem_records SET version = version + 1, status = ?, http_status = ?,"
+		" response = ?, owner = NULL, lease_until = NULL, completed_at = ?"
+		" WHERE id = ? AND owner = ? AND status = 'PROCESSING'";
+	idem_value p[6] = {IDEM_V_TEXT(idem__status_name(st)),
+			   IDEM_V_INT(http_status),
+			   IDEM_V_BLOB(body, len),
+			   IDEM_V_INT(idem_store_now(txn->store)),
+			   IDEM_V_INT(id),
+			   IDEM_V_TEXT(owner)};
+
+	return changed_one(conn_of(txn), sql, p, 6, changed);
+}
+
+static int pg_rec_extend(idem_txn *txn, int64_t id, const char *owner, int64_t lease_until,
+			 int *changed)
+{
+	static const char sql[] = "UPDATE idem_records SET lease_until = ?"
+				  " WHERE id = ? AND owner = ? AND status = 'PROCESSING'";
+	idem_value p[3] = {IDEM_V_INT(lease_until), IDEM_V_INT(id), IDEM_V_TEXT(owner)};
+
+	return changed_one(conn_of(txn), sql, p, 3, changed);
+}
+
+static int pg_rec_delete_owned(idem_txn *txn, int64_t id, const char *owner, int *changed)
+{
+	static const char sql[] =
+		"DELETE FROM idem_records WHERE id = ? AND owner = ? AND status = 'PROCESSING'";
+	idem_value p[2] = {IDEM_V_INT(id), IDEM_V_TEXT(owner)};
+
+	return changed_one(conn_of(txn), sql, p, 2, changed);
+}
+
+/* One batch through the expires_at index; a live lease is never purged. */
+static int pg_purge_batch(idem__backend *be, int64_t now, int batch, int64_t *deleted)
+{
+	static const char sql[] =
+		"DELETE FROM idem_records WHERE id IN (SELECT id FROM idem_records"
+		" WHERE expires_at <= ? AND (status <> 'PROCESSING' OR lease_until <= ?)"
+		" ORDER BY expires_at LIMIT ?)";
+	idem_value p[3] = {IDEM_V_INT(now), IDEM_V_INT(now), IDEM_V_INT(batch)};
+	idem_txn *txn = NULL;
+	int rc;
+
+	*deleted = 0;
+	if ((rc = pg_txn_begin(be, &txn)) < 0)
+		return rc;
+	if ((rc = run(conn_of(txn), sql, p, 3, NULL, NULL, deleted, CTX_PLAIN)) < 0) {
+		pg_txn_rollback(txn);
+		return rc;
+	}
+	return pg_txn_commit(txn);
+}
+
+/* ---- generic SQL ----------------------------------------------------- */
+
+/*
+ * A business statement inside its own savepoint, so that its failure rolls
+ * back only itself and the unit's transaction stays usable (the contract of
+ * idem_txn_exec), as it does on SQLite and MariaDB.
+ */
+static int business(idem_txn *txn, const char *sql, const idem_value *params, int n,
+		    idem_row_fn fn, void *ctx, int64_t *changes)
+{
+	conn *c = conn_of(txn);
+	int rc;
+
+	if ((rc = simple(c, "SAVEPOINT idem_stmt", "savepoint")) < 0)
+		return rc;
+	rc = run(c, sql, params, n, fn, ctx, changes, CTX_BUSINESS);
+	if (c->broken)
+		return rc;
+	if (rc < 0) {
+		/* Keep the statement's error as the one reported. */
+		PGresult *res = PQexec(c->pg, "ROLLBACK TO SAVEPOINT idem_stmt;"
+					      " RELEASE SAVEPOINT idem_stmt");
+
+		if (PQresultStatus(res) != PGRES_COMMAND_OK)
+			c->broken = 1;
+		PQclear(res);
+		return rc;
+	}
+	{
+		int rrc = simple(c, "RELEASE SAVEPOINT idem_stmt", "release");
+
+		return rrc < 0 ? rrc : rc;
+	}
+}
+
+static int pg_txn_exec(idem_txn *txn, const char *sql, const idem_value *params, int n,
+		       int64_t *changes)
+{
+	return business(txn, sql, params, n, NULL, NULL, changes);
+}
+
+static int pg_txn_query(idem_txn *txn, const char *sql, const idem_value *params, int n,
+			idem_row_fn fn, void *ctx)
+{
+	return business(txn, sql, params, n, fn, ctx, NULL);
+}
+
+static int pg_read_query(idem__backend *be, const char *sql, const idem_value *params, int n,
+			 idem_row_fn fn, void *ctx)
+{
+	return read_on(be, sql, params, n, fn, ctx);
+}
+
+const idem__backend_ops idem__postgres_ops = {
+	.version = IDEM__BACKEND_OPS_VERSION,
+	.name = "postgresql",
+	.open = pg_open,
+	.close = pg_close,
+	.migrate = pg_migrate,
+	.schema_version = pg_schema_version,
+	.schema_latest = SCHEMA_LATEST,
+	.ping = pg_ping,
+	.txn_begin = pg_txn_begin,
+	.txn_commit = pg_txn_commit,
+	.txn_rollback = pg_txn_rollback,
+	.savepoint = pg_savepoint,
+	.release = pg_release,
+	.rollback_to = pg_rollback_to,
+	.rec_insert = pg_rec_insert,
+	.rec_get = pg_rec_get,
+	.rec_takeover = pg_rec_takeover,
+	.rec_complete = pg_rec_complete,
+	.rec_extend = pg_rec_extend,
+	.rec_delete_owned = pg_rec_delete_owned,
+	.rec_read = pg_rec_read,
+	.purge_batch = pg_purge_batch,
+	.txn_exec = pg_txn_exec,
+	.txn_query = pg_txn_query,
+	.read_query = pg_read_query,
+};
