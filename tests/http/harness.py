@@ -230,7 +230,7 @@ class Server:
             time.sleep(0.05)
         raise RuntimeError("no 200 from /healthz within %.0fs (%s)" % (STARTUP_TIMEOUT, last))
 
-    def signal(self, sig):
+    def send_signal(self, sig):
         self.proc.send_signal(sig)
 
     def stop(self, sig=signal.SIGTERM, timeout=STOP_TIMEOUT):

@@ -95,7 +95,9 @@ class Payments(harness.TestCase):
     def test_get_by_id_and_by_order_no(self):
         m = self.merchant()
         body = m.payment_body(4321, "CNY", self.ch.name)
-        created = m.post("/v1/payments", body).json()
+        r = m.post("/v1/payments", body)
+        self.assertFirst(r, 201)
+        created = r.json()
         r = m.get("/v1/payments/" + created["id"])
         self.assertStatus(r, 200)
         self.assertIsNone(r.header("Idempotent-Replayed"))
@@ -143,7 +145,9 @@ class Payments(harness.TestCase):
     def test_backstop_carries_resource_as_it_is_now(self):
         m = self.merchant()
         body = m.payment_body(600, "CNY", self.ch.name)
-        pid = m.post("/v1/payments", body, key=uid("K")).json()["id"]
+        first = m.post("/v1/payments", body, key=uid("K"))
+        self.assertFirst(first, 201)
+        pid = first.json()["id"]
         self.assertStatus(self.ch.notify(pid, 600), 200)
         k2 = uid("K2")
         back = m.post("/v1/payments", body, key=k2)

@@ -80,7 +80,7 @@ class Shutdown(harness.TestCase):
             futs = [ex.submit(client, i) for i in range(6)]
             time.sleep(1.0)
             t0 = time.monotonic()
-            s1.signal(signal.SIGTERM)
+            s1.send_signal(signal.SIGTERM)
             try:
                 rc = s1.proc.wait(20)
             except Exception:
@@ -132,7 +132,7 @@ class Shutdown(harness.TestCase):
         t = threading.Thread(target=run)
         t.start()
         time.sleep(0.4)
-        s1.signal(signal.SIGTERM)
+        s1.send_signal(signal.SIGTERM)
         t.join(30)
         rc = s1.stop()
         first = box.get("r")
