@@ -8,6 +8,7 @@
 #include "common.h"
 #include "metrics.h"
 #include "store.h"
+#include "pay.h"
 #include "util.h"
 
 #define IDEM_VERSION "0.1.0"

@@ -1,0 +1,133 @@
+/*
+ * idem/pay.h: the payment domain on top of the idempotency engine:
+ * merchants and their API keys, channels and their signing secrets,
+ * payments with their state machine, channel notifications, refunds,
+ * transfers between merchants and the ledger behind balances.
+ *
+ * Every mutation is one unit of work claimed through idem_execute (or two
+ * phases when the channel is slow), so a request that arrives again gets the
+ * first answer back. Answers are HTTP-shaped (status + JSON body) because the
+ * stored response is exactly what a retry must receive; the HTTP server only
+ * frames them. Nothing here prints or reads the environment.
+ */
+#ifndef IDEM_PAY_H
+#define IDEM_PAY_H
+
+#include "claim.h"
+#include "common.h"
+#include "store.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct idem_pay idem_pay;
+
+#define IDEM_PAY_OPTS_VERSION 1
+
+typedef struct {
+	unsigned int version;          /* IDEM_PAY_OPTS_VERSION */
+	int64_t ttl_ms;                /* idempotency record retention (default 24 h) */
+	int64_t notification_ttl_ms;   /* for channel callbacks (default 72 h, never less) */
+	int mock_channel_delay_ms;     /* > 0: the mock channel answers after this long,
+	                                  and payments on it run in two phases */
+} idem_pay_opts;
+
+#define IDEM_PAY_OPTS_INIT { IDEM_PAY_OPTS_VERSION, 24LL * 3600 * 1000, 72LL * 3600 * 1000, 0 }
+
+/* Sizes of the identifiers handed out (including the NUL). */
+#define IDEM_PAY_ID_SIZE 40      /* "m_…", "pay_…", "re_…", "tr_…" */
+#define IDEM_PAY_SECRET_SIZE 96  /* API keys and channel secrets */
+#define IDEM_PAY_CHANNEL_MAX 32
+
+/*
+ * Attach the payment domain to an open store (whose schema includes the
+ * payment tables). store is borrowed and must outlive the handle.
+ */
+IDEM_EXTERN int idem_pay_open(idem_pay **out, idem_store *store, const idem_pay_opts *opts);
+IDEM_EXTERN void idem_pay_close(idem_pay *pay);
+
+/*
+ * Create a merchant. id_out receives "m_…", key_out the API key ("sk_…"),
+ * shown this once: only its SHA-256 digest is stored.
+ * Returns 0; IDEM_EINVAL for a name that is not 1..100 bytes of printable UTF-8.
+ */
+IDEM_EXTERN int idem_pay_merchant_add(idem_pay *pay, const char *name,
+				      char id_out[IDEM_PAY_ID_SIZE],
+				      char key_out[IDEM_PAY_SECRET_SIZE]);
+
+/*
+ * Create a channel named name (1..32 of [a-z0-9_-]); secret_out receives its
+ * signing secret. The secret itself is stored: verifying an HMAC needs it.
+ * Returns 0; IDEM_EINVAL for a bad name; IDEM_ECONFLICT when it exists.
+ */
+IDEM_EXTERN int idem_pay_channel_add(idem_pay *pay, const char *name,
+				     char secret_out[IDEM_PAY_SECRET_SIZE]);
+
+/* Number of merchants (for a first-run check). */
+IDEM_EXTERN int idem_pay_merchant_count(idem_pay *pay, int64_t *out);
+
+/*
+ * Find the merchant an API key belongs to; the digest is compared in
+ * constant time. Returns 0 with id_out set; IDEM_ENOTFOUND when the key is
+ * unknown or malformed; a store error otherwise.
+ */
+IDEM_EXTERN int idem_pay_authenticate(idem_pay *pay, const char *api_key, size_t len,
+				      char id_out[IDEM_PAY_ID_SIZE]);
+
+/*
+ * Check X-Signature (hex HMAC-SHA256 of body with the channel's secret),
+ * in constant time. 0 when valid; IDEM_ENOTFOUND when the channel is
+ * unknown or the signature wrong; a store error otherwise.
+ */
+IDEM_EXTERN int idem_pay_verify_signature(idem_pay *pay, const char *channel, const char *sig,
+					  size_t sig_len, const void *body, size_t len);
+
+/* One write request, as the HTTP layer hands it over. Borrowed for the call. */
+typedef struct {
+	const char *caller;      /* merchant id, or the channel name for notifications */
+	const char *key;         /* Idempotency-Key (validated); NULL: use the natural key */
+	size_t key_len;
+	const char *method;      /* for the fingerprint: "POST" */
+	const char *path;        /* for the fingerprint: "/v1/payments" */
+	const char *body;        /* the raw JSON body */
+	size_t body_len;
+} idem_pay_request;
+
+/*
+ * The write operations. Each answers through out: the outcome (FIRST,
+ * REPLAY, IN_PROGRESS, MISMATCH), the HTTP status and the exact body (a
+ * problem+json body for errors). Validation failures are answered as FIRST
+ * with stored = 0. A negative return is a store failure with nothing
+ * committed: answer 503, never a duplicate.
+ */
+IDEM_EXTERN int idem_pay_create_payment(idem_result *out, idem_pay *pay, const idem_pay_request *rq);
+IDEM_EXTERN int idem_pay_notify(idem_result *out, idem_pay *pay, const idem_pay_request *rq);
+IDEM_EXTERN int idem_pay_refund(idem_result *out, idem_pay *pay, const idem_pay_request *rq);
+IDEM_EXTERN int idem_pay_transfer(idem_result *out, idem_pay *pay, const idem_pay_request *rq);
+
+/*
+ * Reads, scoped to merchant. Answer through out (outcome FIRST, stored 0):
+ * 200 with the JSON object, 404 problem when absent or another merchant's.
+ */
+IDEM_EXTERN int idem_pay_get_payment(idem_result *out, idem_pay *pay, const char *merchant,
+				     const char *id);
+IDEM_EXTERN int idem_pay_find_payment(idem_result *out, idem_pay *pay, const char *merchant,
+				      const char *merchant_order_no);
+IDEM_EXTERN int idem_pay_get_balance(idem_result *out, idem_pay *pay, const char *merchant);
+IDEM_EXTERN int idem_pay_get_record(idem_result *out, idem_pay *pay, const char *merchant,
+				    const char *business_type, const char *key, size_t key_len);
+
+/*
+ * A problem+json body (RFC 9457) with a stable code: out receives a malloc'd,
+ * NUL-terminated body. extra_name/extra_value add one string member (NULL:
+ * none). Returns 0 or IDEM_ENOMEM.
+ */
+IDEM_EXTERN int idem_pay_problem(char **out, size_t *len, int status, const char *code,
+				 const char *detail, const char *extra_name,
+				 const char *extra_value);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

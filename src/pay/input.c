@@ -1,0 +1,143 @@
+/*
+ * pay/input.c: strict request parsing. Unknown members are rejected so a
+ * typo never passes silently; types are checked exactly (an amount is a JSON
+ * integer, never a string or a float); numbers that do not fit are a
+ * validation error, not a crash. Also ids and timestamps.
+ */
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "pay/internal.h"
+#include "util/rand.h"
+
+static const char *type_name(pay__ftype t)
+{
+	return t == F_STRING ? "a string" : t == F_INT ? "an integer" : "an object";
+}
+
+int pay__parse(json_t **doc, idem_result *out, const char *body, size_t len,
+	       const pay__field *fields, size_t nfields)
+{
+	char detail[256];
+	json_error_t jerr;
+	const char *name;
+	json_t *v, *obj;
+
+	*doc = NULL;
+	obj = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+	if (!obj) {
+		/* jansson refuses numbers it cannot hold: that is a range error. */
+		if (strstr(jerr.text, "too big") || strstr(jerr.text, "overflow")) {
+			snprintf(detail, sizeof(detail), "number out of range at column %d",
+				 jerr.column);
+			return pay__reject(out, 400, "invalid_request", detail);
+		}
+		snprintf(detail, sizeof(detail), "%s (line %d, column %d)", jerr.text, jerr.line,
+			 jerr.column);
+		return pay__reject(out, 400, "invalid_json", detail);
+	}
+	if (!json_is_object(obj)) {
+		json_decref(obj);
+		return pay__reject(out, 400, "invalid_json", "the body must be a JSON object");
+	}
+	json_object_foreach(obj, name, v)
+	{
+		const pay__field *f = NULL;
+
+		for (size_t i = 0; i < nfields; i++)
+			if (strcmp(fields[i].name, name) == 0)
+				f = &fields[i];
+		if (!f) {
+			snprintf(detail, sizeof(detail), "unknown field '%.64s'", name);
+			goto reject;
+		}
+		if ((f->type == F_STRING && !json_is_string(v)) ||
+		    (f->type == F_INT && !json_is_integer(v)) ||
+		    (f->type == F_OBJECT && !json_is_object(v))) {
+			snprintf(detail, sizeof(detail), "'%s' must be %s", f->name,
+				 type_name(f->type));
+			goto reject;
+		}
+	}
+	for (size_t i = 0; i < nfields; i++)
+		if (fields[i].required && !json_object_get(obj, fields[i].name)) {
+			snprintf(detail, sizeof(detail), "'%s' is required", fields[i].name);
+			goto reject;
+		}
+	*doc = obj;
+	return 0;
+reject:
+	json_decref(obj);
+	return pay__reject(out, 400, "invalid_request", detail);
+}
+
+const char *pay__str(json_t *doc, const char *name)
+{
+	return json_string_value(json_object_get(doc, name));
+}
+
+int64_t pay__int(json_t *doc, const char *name)
+{
+	return (int64_t)json_integer_value(json_object_get(doc, name));
+}
+
+int pay__valid_amount(int64_t amount)
+{
+	return amount >= 1 && amount <= 1000000000000000LL;
+}
+
+int pay__valid_currency(const char *s)
+{
+	return s && strlen(s) == 3 && s[0] >= 'A' && s[0] <= 'Z' && s[1] >= 'A' && s[1] <= 'Z' &&
+	       s[2] >= 'A' && s[2] <= 'Z';
+}
+
+int pay__valid_channel_name(const char *s)
+{
+	size_t n = s ? strlen(s) : 0;
+
+	if (n == 0 || n > IDEM_PAY_CHANNEL_MAX)
+		return 0;
+	for (size_t i = 0; i < n; i++)
+		if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '_' ||
+		      s[i] == '-'))
+			return 0;
+	return 1;
+}
+
+int pay__new_id(char out[IDEM_PAY_ID_SIZE], const char *prefix)
+{
+	size_t n = strlen(prefix);
+
+	memcpy(out, prefix, n);
+	return idem__rand_hex(out + n, 16);
+}
+
+int64_t pay__now(const idem_pay *pay)
+{
+	return idem_store_now(pay->store);
+}
+
+void pay__time(char out[32], int64_t ms)
+{
+	time_t secs = (time_t)(ms / 1000);
+	struct tm tm;
+
+	size_t n;
+
+	gmtime_r(&secs, &tm);
+	n = strftime(out, 32, "%Y-%m-%dT%H:%M:%S", &tm);
+	snprintf(out + n, 32 - n, ".%03uZ", (unsigned)(ms % 1000) % 1000u);
+}
+
+void pay__col_text(char *out, size_t n, const idem_value *col)
+{
+	size_t len = col->type == IDEM_VAL_TEXT || col->type == IDEM_VAL_BLOB ? col->len : 0;
+
+	if (len >= n)
+		len = n - 1;
+	if (len)
+		memcpy(out, col->p, len);
+	out[len] = '\0';
+}

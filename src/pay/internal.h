@@ -1,0 +1,93 @@
+/*
+ * pay/internal.h: what the payment domain's files share: the handle, JSON
+ * answers and input checks, ids and times, the ledger, and the request
+ * pipeline every write goes through (validate, fingerprint, claim, run).
+ */
+#ifndef IDEM_PAY_INTERNAL_H
+#define IDEM_PAY_INTERNAL_H
+
+#include <jansson.h>
+
+#include "idem/idem.h"
+
+struct idem_pay {
+	idem_store *store;
+	idem_pay_opts opts;
+};
+
+/* ---- answers ---- */
+
+/* Set resp to status with obj serialised compactly (obj is not consumed). */
+int pay__json(idem_response *resp, int status, json_t *obj);
+/* Set resp to a problem+json body. */
+int pay__problem(idem_response *resp, int status, const char *code, const char *detail);
+/* An answer given before any claim (validation): FIRST, not stored. */
+int pay__reject(idem_result *out, int status, const char *code, const char *detail);
+
+/* ---- input ---- */
+
+typedef enum { F_STRING, F_INT, F_OBJECT } pay__ftype;
+
+typedef struct {
+	const char *name;
+	pay__ftype type;
+	int required;
+} pay__field;
+
+/*
+ * Parse body as a JSON object whose members are all in fields, of the right
+ * types, with the required ones present. On failure *doc is NULL and out
+ * holds the 400 answer (invalid_json or invalid_request); returns 0 either
+ * way. A required field listed as natural is left to the caller.
+ */
+int pay__parse(json_t **doc, idem_result *out, const char *body, size_t len,
+	       const pay__field *fields, size_t nfields);
+
+/* Member helpers: NULL / 0 when absent. */
+const char *pay__str(json_t *doc, const char *name);
+int64_t pay__int(json_t *doc, const char *name);
+
+int pay__valid_amount(int64_t amount);
+int pay__valid_currency(const char *s);
+int pay__valid_channel_name(const char *s);
+
+/* ---- ids and time ---- */
+
+/* prefix + 32 random hex digits. */
+int pay__new_id(char out[IDEM_PAY_ID_SIZE], const char *prefix);
+int64_t pay__now(const idem_pay *pay);
+/* RFC 3339 UTC with milliseconds. */
+void pay__time(char out[32], int64_t ms);
+
+/* ---- the ledger ---- */
+
+/*
+ * Serialise every balance-changing unit of one merchant: a conditional write
+ * on its row holds the row lock (PostgreSQL, MariaDB) until the transaction
+ * ends; SQLite has one writer anyway. Returns IDEM_ENOTFOUND for no merchant.
+ */
+int pay__lock_merchant(idem_txn *txn, const char *merchant, int64_t now);
+/* The merchant's balance in currency (0 when none). Call under the lock. */
+int pay__balance(idem_txn *txn, const char *merchant, const char *currency, int64_t *out);
+/* Post amount (signed) to the balance and the ledger, under the lock. */
+int pay__post(idem_txn *txn, const char *merchant, const char *currency, int64_t amount,
+	      const char *kind, const char *ref, int64_t now);
+
+/* ---- the pipeline ---- */
+
+/*
+ * Claim (caller, business_type, key) for rq and run work atomically, or in
+ * two phases when before_work is set (it runs between the committed claim and
+ * the work, outside any transaction: the call to the channel). key is rq->key
+ * or natural. MISMATCH and IN_PROGRESS get their problem bodies here.
+ */
+int pay__run(idem_result *out, idem_pay *pay, const idem_pay_request *rq, const char *type,
+	     const char *natural, int64_t ttl_ms, idem_work_fn work, void *ctx,
+	     void (*before_work)(idem_pay *pay));
+
+/* ---- row access ---- */
+
+/* Copy a text column into out (size n); "" for NULL. */
+void pay__col_text(char *out, size_t n, const idem_value *col);
+
+#endif

@@ -1,0 +1,267 @@
+/*
+ * pay/merchants.c: the domain handle, merchants with their API keys, and
+ * channels with their signing secrets.
+ *
+ * An API key is "sk_<key id>_<secret>". Only the key id (for the lookup) and
+ * the SHA-256 digest of the whole key are stored; the presented key's digest
+ * is compared with CRYPTO_memcmp, so timing says nothing about how much of a
+ * guess was right. A channel's secret is stored as is: checking an HMAC
+ * needs the key itself. Secrets are never put in error messages.
+ */
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pay/internal.h"
+#include "util/error.h"
+#include "util/rand.h"
+
+#define KEY_ID_HEX 16
+#define KEY_SECRET_HEX 48
+
+int idem_pay_open(idem_pay **out, idem_store *store, const idem_pay_opts *opts)
+{
+	idem_pay_opts defaults = IDEM_PAY_OPTS_INIT;
+	idem_pay *pay;
+
+	*out = NULL;
+	if (!store)
+		return idem__error(IDEM_EINVAL, "idem_pay_open: store is required");
+	if (!opts)
+		opts = &defaults;
+	if (opts->version != IDEM_PAY_OPTS_VERSION || opts->ttl_ms <= 0 ||
+	    opts->notification_ttl_ms <= 0 || opts->mock_channel_delay_ms < 0)
+		return idem__error(IDEM_EINVAL, "idem_pay_opts out of range");
+	if (!(pay = calloc(1, sizeof(*pay))))
+		return idem__error(IDEM_ENOMEM, "out of memory");
+	pay->store = store;
+	pay->opts = *opts;
+	/* Channels retry callbacks for more than a day (DESIGN.md §7). */
+	if (pay->opts.notification_ttl_ms < 72LL * 3600 * 1000)
+		pay->opts.notification_ttl_ms = 72LL * 3600 * 1000;
+	if (pay->opts.notification_ttl_ms < pay->opts.ttl_ms)
+		pay->opts.notification_ttl_ms = pay->opts.ttl_ms;
+	*out = pay;
+	return 0;
+}
+
+void idem_pay_close(idem_pay *pay)
+{
+	free(pay);
+}
+
+static void sha256_hex(char out[65], const void *data, size_t len)
+{
+	unsigned char md[32];
+	unsigned int n = 0;
+
+	EVP_Digest(data, len, md, &n, EVP_sha256(), NULL);
+	idem__hex(out, md, sizeof(md));
+}
+
+typedef struct {
+	const char *name;
+	char id[IDEM_PAY_ID_SIZE];
+	char key_id[KEY_ID_HEX + 1];
+	char digest[65];
+	int64_t now;
+} merchant_new;
+
+static int insert_merchant(idem_txn *txn, void *ctx)
+{
+	merchant_new *m = ctx;
+	idem_value p[5] = {IDEM_V_TEXT(m->id), IDEM_V_TEXT(m->name), IDEM_V_TEXT(m->key_id),
+			   IDEM_V_TEXT(m->digest), IDEM_V_INT(m->now)};
+
+	return idem_txn_exec(txn,
+			     "INSERT INTO merchants (id, name, key_id, key_digest, created_at)"
+			     " VALUES (?, ?, ?, ?, ?)",
+			     p, 5, NULL);
+}
+
+static int valid_name(const char *name)
+{
+	size_t n = name ? strlen(name) : 0;
+
+	if (n == 0 || n > 100)
+		return 0;
+	for (size_t i = 0; i < n; i++)
+		if ((unsigned char)name[i] < 0x20 || name[i] == 0x7f)
+			return 0;
+	return 1;
+}
+
+int idem_pay_merchant_add(idem_pay *pay, const char *name, char id_out[IDEM_PAY_ID_SIZE],
+			  char key_out[IDEM_PAY_SECRET_SIZE])
+{
+	merchant_new m = {0};
+	char secret[KEY_SECRET_HEX + 1];
+	int rc;
+
+	id_out[0] = key_out[0] = '\0';
+	if (!valid_name(name))
+		return idem__error(IDEM_EINVAL, "merchant name must be 1..100 printable bytes");
+	m.name = name;
+	m.now = pay__now(pay);
+	if ((rc = pay__new_id(m.id, "m_")) < 0 || (rc = idem__rand_hex(m.key_id, KEY_ID_HEX / 2)) < 0 ||
+	    (rc = idem__rand_hex(secret, KEY_SECRET_HEX / 2)) < 0)
+		return rc;
+	snprintf(key_out, IDEM_PAY_SECRET_SIZE, "sk_%s_%s", m.key_id, secret);
+	sha256_hex(m.digest, key_out, strlen(key_out));
+	OPENSSL_cleanse(secret, sizeof(secret));
+	if ((rc = idem_store_transact(pay->store, insert_merchant, &m)) < 0) {
+		OPENSSL_cleanse(key_out, IDEM_PAY_SECRET_SIZE);
+		key_out[0] = '\0';
+		return rc;
+	}
+	memcpy(id_out, m.id, IDEM_PAY_ID_SIZE);
+	return 0;
+}
+
+typedef struct {
+	const char *name;
+	const char *secret;
+	int64_t now;
+} channel_new;
+
+static int insert_channel(idem_txn *txn, void *ctx)
+{
+	channel_new *c = ctx;
+	idem_value p[3] = {IDEM_V_TEXT(c->name), IDEM_V_TEXT(c->secret), IDEM_V_INT(c->now)};
+
+	return idem_txn_exec(txn, "INSERT INTO channels (name, secret, created_at) VALUES (?, ?, ?)",
+			     p, 3, NULL);
+}
+
+int idem_pay_channel_add(idem_pay *pay, const char *name, char secret_out[IDEM_PAY_SECRET_SIZE])
+{
+	channel_new c = {name, secret_out, pay__now(pay)};
+	int rc;
+
+	secret_out[0] = '\0';
+	if (!pay__valid_channel_name(name))
+		return idem__error(IDEM_EINVAL, "channel name must be 1..%d of [a-z0-9_-]",
+				   IDEM_PAY_CHANNEL_MAX);
+	if ((rc = idem__rand_hex(secret_out, 32)) < 0)
+		return rc;
+	rc = idem_store_transact(pay->store, insert_channel, &c);
+	if (rc == IDEM_ECONFLICT)
+		rc = idem__error(IDEM_ECONFLICT, "channel '%s' already exists", name);
+	if (rc < 0) {
+		OPENSSL_cleanse(secret_out, IDEM_PAY_SECRET_SIZE);
+		secret_out[0] = '\0';
+	}
+	return rc;
+}
+
+static int first_int(void *ctx, const idem_value *cols, int n)
+{
+	*(int64_t *)ctx = n > 0 && cols[0].type == IDEM_VAL_INT ? cols[0].i : 0;
+	return 1;
+}
+
+int idem_pay_merchant_count(idem_pay *pay, int64_t *out)
+{
+	*out = 0;
+	return idem_store_query(pay->store, "SELECT count(*) FROM merchants", NULL, 0, first_int,
+				out);
+}
+
+typedef struct {
+	char id[IDEM_PAY_ID_SIZE];
+	char digest[65];
+	int found;
+} key_row;
+
+static int read_key_row(void *ctx, const idem_value *cols, int n)
+{
+	key_row *k = ctx;
+
+	if (n != 2)
+		return idem__error(IDEM_ESTORE, "merchant row has %d columns", n);
+	pay__col_text(k->id, sizeof(k->id), &cols[0]);
+	pay__col_text(k->digest, sizeof(k->digest), &cols[1]);
+	k->found = 1;
+	return 1;
+}
+
+int idem_pay_authenticate(idem_pay *pay, const char *api_key, size_t len,
+			  char id_out[IDEM_PAY_ID_SIZE])
+{
+	key_row row = {0};
+	char key_id[KEY_ID_HEX + 1], digest[65];
+	idem_value p[1];
+	int rc;
+
+	id_out[0] = '\0';
+	if (!api_key || len != 3 + KEY_ID_HEX + 1 + KEY_SECRET_HEX ||
+	    memcmp(api_key, "sk_", 3) != 0 || api_key[3 + KEY_ID_HEX] != '_')
+		return IDEM_ENOTFOUND;
+	memcpy(key_id, api_key + 3, KEY_ID_HEX);
+	key_id[KEY_ID_HEX] = '\0';
+	p[0] = IDEM_V_TEXT(key_id);
+	rc = idem_store_query(pay->store, "SELECT id, key_digest FROM merchants WHERE key_id = ?", p,
+			      1, read_key_row, &row);
+	if (rc < 0)
+		return rc;
+	sha256_hex(digest, api_key, len);
+	if (!row.found || strlen(row.digest) != 64 || CRYPTO_memcmp(digest, row.digest, 64) != 0)
+		return IDEM_ENOTFOUND;
+	memcpy(id_out, row.id, IDEM_PAY_ID_SIZE);
+	return 0;
+}
+
+static int read_secret(void *ctx, const idem_value *cols, int n)
+{
+	if (n != 1)
+		return idem__error(IDEM_ESTORE, "channel row has %d columns", n);
+	pay__col_text(ctx, IDEM_PAY_SECRET_SIZE, &cols[0]);
+	return 1;
+}
+
+static int unhex(unsigned char *out, const char *hex, size_t nbytes)
+{
+	for (size_t i = 0; i < 2 * nbytes; i++) {
+		char c = hex[i];
+		int v = c >= '0' && c <= '9'   ? c - '0'
+			: c >= 'a' && c <= 'f' ? c - 'a' + 10
+			: c >= 'A' && c <= 'F' ? c - 'A' + 10
+					       : -1;
+
+		if (v < 0)
+			return -1;
+		if (i % 2 == 0)
+			out[i / 2] = (unsigned char)(v << 4);
+		else
+			out[i / 2] |= (unsigned char)v;
+	}
+	return 0;
+}
+
+int idem_pay_verify_signature(idem_pay *pay, const char *channel, const char *sig, size_t sig_len,
+			      const void *body, size_t len)
+{
+	char secret[IDEM_PAY_SECRET_SIZE] = "";
+	unsigned char want[32], got[32];
+	unsigned int n = 0;
+	idem_value p[1];
+	int rc;
+
+	if (!pay__valid_channel_name(channel) || !sig || sig_len != 64 || unhex(got, sig, 32) < 0)
+		return IDEM_ENOTFOUND;
+	p[0] = IDEM_V_TEXT(channel);
+	rc = idem_store_query(pay->store, "SELECT secret FROM channels WHERE name = ?", p, 1,
+			      read_secret, secret);
+	if (rc < 0)
+		return rc;
+	if (!secret[0])
+		return IDEM_ENOTFOUND;
+	if (!HMAC(EVP_sha256(), secret, (int)strlen(secret), body, len, want, &n) || n != 32)
+		rc = idem__error(IDEM_ESTORE, "HMAC-SHA256 failed");
+	else if (CRYPTO_memcmp(want, got, 32) != 0)
+		rc = IDEM_ENOTFOUND;
+	OPENSSL_cleanse(secret, sizeof(secret));
+	return rc;
+}

@@ -1,0 +1,138 @@
+/*
+ * pay/notifications.c: channel callbacks. The first valid SUCCESS moves a
+ * payment processing -> succeeded and credits the merchant, exactly once:
+ * the claim on (channel, notification, notify_id) stops a repeated
+ * delivery, the conditional UPDATE (status must still be 'processing') stops
+ * a second notify_id for the same payment, and the ledger's unique
+ * (kind, ref_id, merchant_id) stops a second credit if both were bypassed.
+ */
+#include <string.h>
+
+#include "pay/payment.h"
+#include "util/error.h"
+
+typedef struct {
+	idem_pay *pay;
+	const idem_pay_request *rq;
+	json_t *doc;
+} notify_ctx;
+
+static int acknowledge(idem_response *resp)
+{
+	static const char ok[] = "{\"result\":\"success\"}";
+
+	return idem_response_set(resp, 200, ok, sizeof(ok) - 1);
+}
+
+static int notify_work(idem_txn *txn, void *vctx, idem_response *resp)
+{
+	notify_ctx *c = vctx;
+	json_t *d = c->doc;
+	const char *status = pay__str(d, "status");
+	int success = strcmp(status, "SUCCESS") == 0;
+	int64_t now = pay__now(c->pay), changed = 0;
+	pay__payment p = {0};
+	int rc;
+
+	if ((rc = pay__payment_load(c->pay, txn, &p, NULL, pay__str(d, "payment_id"))) < 0)
+		goto done;
+	if (!p.found || strcmp(p.channel, c->rq->caller) != 0) {
+		resp->persist = 0;
+		rc = pay__problem(resp, 404, "not_found", "no such payment on this channel");
+		goto done;
+	}
+	if (pay__int(d, "amount") != p.amount) {
+		rc = pay__problem(resp, 422, "amount_mismatch",
+				  "the notified amount differs from the payment's");
+		goto done;
+	}
+	{
+		idem_value v[7] = {IDEM_V_TEXT(c->rq->caller),
+				   IDEM_V_TEXT(pay__str(d, "notify_id")),
+				   IDEM_V_TEXT(p.id),
+				   IDEM_V_TEXT(pay__str(d, "channel_txn_id")),
+				   IDEM_V_TEXT(status),
+				   IDEM_V_INT(p.amount),
+				   IDEM_V_INT(now)};
+
+		rc = idem_txn_exec(txn,
+				   "INSERT INTO notifications (channel, notify_id, payment_id,"
+				   " channel_txn_id, status, amount, created_at)"
+				   " VALUES (?, ?, ?, ?, ?, ?, ?)",
+				   v, 7, NULL);
+	}
+	if (rc == IDEM_ECONFLICT) {
+		/* Delivered before under another idempotency key: already handled. */
+		rc = acknowledge(resp);
+		goto done;
+	}
+	if (rc < 0)
+		goto done;
+	{
+		idem_value v[4] = {IDEM_V_TEXT(success ? "succeeded" : "failed"),
+				   IDEM_V_TEXT(pay__str(d, "channel_txn_id")), IDEM_V_INT(now),
+				   IDEM_V_TEXT(p.id)};
+
+		rc = idem_txn_exec(txn,
+				   "UPDATE payments SET status = ?, channel_txn_id = ?, updated_at = ?"
+				   " WHERE id = ? AND status = 'processing'",
+				   v, 4, &changed);
+	}
+	if (rc < 0)
+		goto done;
+	/* changed == 0: the payment is final already; acknowledge, change nothing. */
+	if (changed == 1 && success) {
+		if ((rc = pay__lock_merchant(txn, p.merchant_id, now)) < 0 ||
+		    (rc = pay__post(txn, p.merchant_id, p.currency, p.amount, "payment", p.id,
+				    now)) < 0)
+			goto done;
+	}
+	rc = acknowledge(resp);
+done:
+	pay__payment_clear(&p);
+	return rc;
+}
+
+static const pay__field notify_fields[] = {
+	{"notify_id", F_STRING, 0},      {"payment_id", F_STRING, 1}, {"channel_txn_id", F_STRING, 1},
+	{"status", F_STRING, 1},         {"amount", F_INT, 1},
+};
+
+int idem_pay_notify(idem_result *out, idem_pay *pay, const idem_pay_request *rq)
+{
+	notify_ctx c = {pay, rq, NULL};
+	const char *notify_id, *status, *txn_id, *payment_id;
+	int rc;
+
+	memset(out, 0, sizeof(*out));
+	if ((rc = pay__parse(&c.doc, out, rq->body, rq->body_len, notify_fields,
+			     sizeof(notify_fields) / sizeof(notify_fields[0]))) < 0 ||
+	    !c.doc)
+		return rc;
+	notify_id = pay__str(c.doc, "notify_id");
+	status = pay__str(c.doc, "status");
+	txn_id = pay__str(c.doc, "channel_txn_id");
+	payment_id = pay__str(c.doc, "payment_id");
+	if (!notify_id && !rq->key)
+		rc = pay__reject(out, 400, "missing_idempotency_key",
+				 "send an Idempotency-Key header or a notify_id");
+	else if (!notify_id || idem_natural_key_validate(notify_id, strlen(notify_id)) < 0)
+		rc = pay__reject(out, 400, "invalid_request",
+				 "'notify_id' must be 1..64 of A-Z a-z 0-9 _ - .");
+	else if (idem_natural_key_validate(txn_id, strlen(txn_id)) < 0)
+		rc = pay__reject(out, 400, "invalid_request",
+				 "'channel_txn_id' must be 1..64 of A-Z a-z 0-9 _ - .");
+	else if (idem_natural_key_validate(payment_id, strlen(payment_id)) < 0)
+		rc = pay__reject(out, 400, "invalid_request", "'payment_id' is malformed");
+	else if (strcmp(status, "SUCCESS") != 0 && strcmp(status, "FAILED") != 0)
+		rc = pay__reject(out, 400, "invalid_request",
+				 "'status' must be SUCCESS or FAILED");
+	else if (!pay__valid_amount(pay__int(c.doc, "amount")))
+		rc = pay__reject(out, 400, "invalid_request",
+				 "'amount' must be an integer from 1 to 10^15 minor units");
+	else
+		rc = pay__run(out, pay, rq, "notification", notify_id,
+			      pay->opts.notification_ttl_ms, notify_work, &c, NULL);
+	json_decref(c.doc);
+	return rc;
+}

@@ -1,0 +1,342 @@
+/*
+ * pay/payments.c: creating and reading payments. A payment is created in
+ * status "processing"; only a channel notification moves it on. Creating one
+ * is one unit with its idempotency claim; when the mock channel is set to
+ * answer slowly, it runs in two phases (claim committed, channel called,
+ * payment written with the completion) so duplicates meanwhile see 409.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "pay/payment.h"
+#include "util/clock.h"
+#include "util/error.h"
+
+#define PAYMENT_COLS                                                                         \
+	"id, merchant_id, merchant_order_no, amount, currency, channel, description, "      \
+	"metadata, status, refunded_amount, fingerprint, created_at, updated_at"
+
+void pay__payment_clear(pay__payment *p)
+{
+	free(p->description);
+	free(p->metadata);
+	memset(p, 0, sizeof(*p));
+}
+
+static char *dup_col(const idem_value *c)
+{
+	char *s;
+
+	if (c->type != IDEM_VAL_TEXT && c->type != IDEM_VAL_BLOB)
+		return NULL;
+	if (!(s = malloc(c->len + 1)))
+		return NULL;
+	memcpy(s, c->p, c->len);
+	s[c->len] = '\0';
+	return s;
+}
+
+static int payment_row(void *ctx, const idem_value *c, int n)
+{
+	pay__payment *p = ctx;
+
+	if (n != 13)
+		return idem__error(IDEM_ESTORE, "payment row has %d columns", n);
+	pay__col_text(p->id, sizeof(p->id), &c[0]);
+	pay__col_text(p->merchant_id, sizeof(p->merchant_id), &c[1]);
+	pay__col_text(p->order_no, sizeof(p->order_no), &c[2]);
+	p->amount = c[3].i;
+	pay__col_text(p->currency, sizeof(p->currency), &c[4]);
+	pay__col_text(p->channel, sizeof(p->channel), &c[5]);
+	p->description = dup_col(&c[6]);
+	p->metadata = dup_col(&c[7]);
+	if ((c[6].type != IDEM_VAL_NULL && !p->description) ||
+	    (c[7].type != IDEM_VAL_NULL && !p->metadata))
+		return idem__error(IDEM_ENOMEM, "out of memory");
+	pay__col_text(p->status, sizeof(p->status), &c[8]);
+	p->refunded = c[9].i;
+	pay__col_text(p->fingerprint, sizeof(p->fingerprint), &c[10]);
+	p->created_at = c[11].i;
+	p->updated_at = c[12].i;
+	p->found = 1;
+	return 1;
+}
+
+static int load(idem_pay *pay, idem_txn *txn, pay__payment *p, const char *sql,
+		const idem_value *params, int n)
+{
+	int rc;
+
+	pay__payment_clear(p);
+	rc = txn ? idem_txn_query(txn, sql, params, n, payment_row, p)
+		 : idem_store_query(pay->store, sql, params, n, payment_row, p);
+	if (rc < 0)
+		pay__payment_clear(p);
+	return rc;
+}
+
+int pay__payment_load(idem_pay *pay, idem_txn *txn, pay__payment *p, const char *merchant,
+		      const char *id)
+{
+	idem_value prm[2] = {IDEM_V_TEXT(id), IDEM_V_TEXT(merchant ? merchant : "")};
+
+	if (merchant)
+		return load(pay, txn, p,
+			    "SELECT " PAYMENT_COLS " FROM payments WHERE id = ? AND merchant_id = ?",
+			    prm, 2);
+	return load(pay, txn, p, "SELECT " PAYMENT_COLS " FROM payments WHERE id = ?", prm, 1);
+}
+
+int pay__payment_load_by_order(idem_pay *pay, idem_txn *txn, pay__payment *p,
+			       const char *merchant, const char *order_no)
+{
+	idem_value prm[2] = {IDEM_V_TEXT(merchant), IDEM_V_TEXT(order_no)};
+
+	return load(pay, txn, p,
+		    "SELECT " PAYMENT_COLS
+		    " FROM payments WHERE merchant_id = ? AND merchant_order_no = ?",
+		    prm, 2);
+}
+
+json_t *pay__payment_object(const pay__payment *p)
+{
+	char created[32], updated[32];
+	json_t *meta = NULL;
+
+	pay__time(created, p->created_at);
+	pay__time(updated, p->updated_at);
+	if (p->metadata)
+		meta = json_loads(p->metadata, 0, NULL);
+	return json_pack("{s:s, s:s, s:s, s:I, s:s, s:s, s:s, s:I, s:s?, s:o?, s:s, s:s}", "id",
+			 p->id, "object", "payment", "merchant_order_no", p->order_no, "amount",
+			 (json_int_t)p->amount, "currency", p->currency, "channel", p->channel,
+			 "status", p->status, "refunded_amount", (json_int_t)p->refunded,
+			 "description", p->description, "metadata", meta, "created_at", created,
+			 "updated_at", updated);
+}
+
+/* The answer for an existing resource: 200 of it, or 409 with its id. */
+static int backstop(idem_response *resp, json_t *existing, const char *existing_id,
+		    const char *existing_fp, const char *fp, const char *what)
+{
+	char detail[160], *body = NULL;
+	size_t len = 0;
+	int rc;
+
+	if (strcmp(existing_fp, fp) == 0)
+		return pay__json(resp, 200, existing);
+	snprintf(detail, sizeof(detail), "a different %s already uses this business key", what);
+	if ((rc = idem_pay_problem(&body, &len, 409, "business_key_conflict", detail, "existing_id",
+				   existing_id)) < 0)
+		return rc;
+	rc = idem_response_set(resp, 409, body, len);
+	free(body);
+	return rc;
+}
+
+typedef struct {
+	idem_pay *pay;
+	const idem_pay_request *rq;
+	json_t *doc;
+	char fp[IDEM_FINGERPRINT_LEN + 1];
+} create_ctx;
+
+static int count_row(void *ctx, const idem_value *cols, int n)
+{
+	*(int64_t *)ctx = n > 0 ? cols[0].i : 0;
+	return 1;
+}
+
+static int create_payment_work(idem_txn *txn, void *vctx, idem_response *resp)
+{
+	create_ctx *c = vctx;
+	json_t *d = c->doc, *meta = json_object_get(d, "metadata"), *obj = NULL;
+	const char *channel = pay__str(d, "channel");
+	char *meta_text = NULL;
+	pay__payment p = {0};
+	int64_t now = pay__now(c->pay), channels = 0;
+	idem_value cp[1] = {IDEM_V_TEXT(channel)};
+	int rc;
+
+	rc = idem_txn_query(txn, "SELECT count(*) FROM channels WHERE name = ?", cp, 1, count_row,
+			    &channels);
+	if (rc < 0)
+		goto done;
+	if (channels == 0) {
+		resp->persist = 0; /* a validation error: not stored */
+		rc = pay__problem(resp, 400, "invalid_request", "'channel' names no known channel");
+		goto done;
+	}
+	if ((rc = pay__new_id(p.id, "pay_")) < 0)
+		goto done;
+	if (meta && !(meta_text = json_dumps(meta, JSON_COMPACT | JSON_SORT_KEYS))) {
+		rc = idem__error(IDEM_ENOMEM, "out of memory");
+		goto done;
+	}
+	{
+		const char *desc = pay__str(d, "description");
+		idem_value v[11] = {
+			IDEM_V_TEXT(p.id),
+			IDEM_V_TEXT(c->rq->caller),
+			IDEM_V_TEXT(pay__str(d, "merchant_order_no")),
+			IDEM_V_INT(pay__int(d, "amount")),
+			IDEM_V_TEXT(pay__str(d, "currency")),
+			IDEM_V_TEXT(channel),
+			desc ? IDEM_V_TEXT(desc) : IDEM_V_NULL,
+			meta_text ? IDEM_V_TEXT(meta_text) : IDEM_V_NULL,
+			IDEM_V_TEXT(c->fp),
+			IDEM_V_INT(now),
+			IDEM_V_INT(now),
+		};
+
+		rc = idem_txn_exec(txn,
+				   "INSERT INTO payments (id, merchant_id, merchant_order_no, amount,"
+				   " currency, channel, description, metadata, status, refunded_amount,"
+				   " fingerprint, created_at, updated_at)"
+				   " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'processing', 0, ?, ?, ?)",
+				   v, 11, NULL);
+	}
+	if (rc == IDEM_ECONFLICT) {
+		/* The order number exists under another idempotency key. */
+		rc = pay__payment_load_by_order(c->pay, txn, &p, c->rq->caller,
+						pay__str(d, "merchant_order_no"));
+		if (rc < 0)
+			goto done;
+		if (!p.found) {
+			rc = idem__error(IDEM_ERETRY, "conflicting payment vanished");
+			goto done;
+		}
+		if (!(obj = pay__payment_object(&p))) {
+			rc = idem__error(IDEM_ENOMEM, "out of memory");
+			goto done;
+		}
+		rc = backstop(resp, obj, p.id, p.fingerprint, c->fp, "payment");
+		goto done;
+	}
+	if (rc < 0)
+		goto done;
+	{
+		char id[IDEM_PAY_ID_SIZE];
+
+		memcpy(id, p.id, sizeof(id)); /* load clears p */
+		rc = pay__payment_load(c->pay, txn, &p, NULL, id);
+	}
+	if (rc == 0 && !p.found)
+		rc = idem__error(IDEM_ESTORE, "payment not found after insert");
+	if (rc < 0)
+		goto done;
+	if (!(obj = pay__payment_object(&p))) {
+		rc = idem__error(IDEM_ENOMEM, "out of memory");
+		goto done;
+	}
+	rc = pay__json(resp, 201, obj);
+done:
+	json_decref(obj);
+	free(meta_text);
+	pay__payment_clear(&p);
+	return rc;
+}
+
+static void call_mock_channel(idem_pay *pay)
+{
+	/* The test double for a channel's order API: it just takes its time. */
+	idem__sleep_us((int64_t)pay->opts.mock_channel_delay_ms * 1000);
+}
+
+static const pay__field payment_fields[] = {
+	{"merchant_order_no", F_STRING, 0}, {"amount", F_INT, 1},      {"currency", F_STRING, 1},
+	{"channel", F_STRING, 1},           {"description", F_STRING, 0}, {"metadata", F_OBJECT, 0},
+};
+
+int idem_pay_create_payment(idem_result *out, idem_pay *pay, const idem_pay_request *rq)
+{
+	create_ctx c = {pay, rq, NULL, ""};
+	const char *order_no, *desc;
+	int rc;
+
+	memset(out, 0, sizeof(*out));
+	if ((rc = pay__parse(&c.doc, out, rq->body, rq->body_len, payment_fields,
+			     sizeof(payment_fields) / sizeof(payment_fields[0]))) < 0 ||
+	    !c.doc)
+		return rc;
+	order_no = pay__str(c.doc, "merchant_order_no");
+	desc = pay__str(c.doc, "description");
+	if (!order_no && !rq->key)
+		rc = pay__reject(out, 400, "missing_idempotency_key",
+				 "send an Idempotency-Key header or a merchant_order_no");
+	else if (!order_no)
+		rc = pay__reject(out, 400, "invalid_request", "'merchant_order_no' is required");
+	else if (idem_natural_key_validate(order_no, strlen(order_no)) < 0)
+		rc = pay__reject(out, 400, "invalid_request",
+				 "'merchant_order_no' must be 1..64 of A-Z a-z 0-9 _ - .");
+	else if (!pay__valid_amount(pay__int(c.doc, "amount")))
+		rc = pay__reject(out, 400, "invalid_request",
+				 "'amount' must be an integer from 1 to 10^15 minor units");
+	else if (!pay__valid_currency(pay__str(c.doc, "currency")))
+		rc = pay__reject(out, 400, "invalid_request",
+				 "'currency' must be three upper-case letters");
+	else if (!pay__valid_channel_name(pay__str(c.doc, "channel")))
+		rc = pay__reject(out, 400, "invalid_request",
+				 "'channel' must be 1..32 of a-z 0-9 _ -");
+	else if (desc && strlen(desc) > 255)
+		rc = pay__reject(out, 400, "invalid_request",
+				 "'description' must be at most 255 bytes");
+	else if ((rc = idem_fingerprint(c.fp, rq->method, rq->path, rq->body, rq->body_len)) == 0)
+		rc = pay__run(out, pay, rq, "payment", order_no, pay->opts.ttl_ms,
+			      create_payment_work, &c,
+			      pay->opts.mock_channel_delay_ms > 0 &&
+					      strcmp(pay__str(c.doc, "channel"), "mock") == 0
+				      ? call_mock_channel
+				      : NULL);
+	json_decref(c.doc);
+	return rc;
+}
+
+static int answer_payment(idem_result *out, pay__payment *p)
+{
+	idem_response r = {0, NULL, 0, 0};
+	json_t *obj;
+	int rc;
+
+	if (!p->found)
+		return pay__reject(out, 404, "not_found", "no such payment");
+	if (!(obj = pay__payment_object(p)))
+		return idem__error(IDEM_ENOMEM, "out of memory");
+	rc = pay__json(&r, 200, obj);
+	json_decref(obj);
+	if (rc < 0)
+		return rc;
+	out->outcome = IDEM_FIRST;
+	out->http_status = 200;
+	out->body = r.body;
+	out->body_len = r.body_len;
+	return 0;
+}
+
+int idem_pay_get_payment(idem_result *out, idem_pay *pay, const char *merchant, const char *id)
+{
+	pay__payment p = {0};
+	int rc;
+
+	memset(out, 0, sizeof(*out));
+	if ((rc = pay__payment_load(pay, NULL, &p, merchant, id)) == 0)
+		rc = answer_payment(out, &p);
+	pay__payment_clear(&p);
+	return rc;
+}
+
+int idem_pay_find_payment(idem_result *out, idem_pay *pay, const char *merchant,
+			  const char *merchant_order_no)
+{
+	pay__payment p = {0};
+	int rc;
+
+	memset(out, 0, sizeof(*out));
+	if (idem_natural_key_validate(merchant_order_no, strlen(merchant_order_no)) < 0)
+		return pay__reject(out, 400, "invalid_request",
+				   "'merchant_order_no' must be 1..64 of A-Z a-z 0-9 _ - .");
+	if ((rc = pay__payment_load_by_order(pay, NULL, &p, merchant, merchant_order_no)) == 0)
+		rc = answer_payment(out, &p);
+	pay__payment_clear(&p);
+	return rc;
+}

@@ -1,0 +1,179 @@
+/*
+ * pay/transfers.c: transfers between merchants. Two ledger entries that sum
+ * to zero, in one unit with the claim. Both merchants are locked in id
+ * order, so two opposite transfers cannot deadlock each other; the balance
+ * is checked under the lock before anything is written.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "pay/internal.h"
+#include "util/error.h"
+
+typedef struct {
+	idem_pay *pay;
+	const idem_pay_request *rq;
+	json_t *doc;
+	char fp[IDEM_FINGERPRINT_LEN + 1];
+} transfer_ctx;
+
+typedef struct {
+	char id[IDEM_PAY_ID_SIZE], transfer_no[72], from[IDEM_PAY_ID_SIZE], to[IDEM_PAY_ID_SIZE];
+	char currency[8], status[16], fingerprint[IDEM_FINGERPRINT_LEN + 1];
+	int64_t amount, created_at;
+	int found;
+} transfer_row;
+
+static int read_transfer(void *ctx, const idem_value *c, int n)
+{
+	transfer_row *t = ctx;
+
+	if (n != 9)
+		return idem__error(IDEM_ESTORE, "transfer row has %d columns", n);
+	pay__col_text(t->id, sizeof(t->id), &c[0]);
+	pay__col_text(t->transfer_no, sizeof(t->transfer_no), &c[1]);
+	pay__col_text(t->from, sizeof(t->from), &c[2]);
+	pay__col_text(t->to, sizeof(t->to), &c[3]);
+	t->amount = c[4].i;
+	pay__col_text(t->currency, sizeof(t->currency), &c[5]);
+	pay__col_text(t->status, sizeof(t->status), &c[6]);
+	pay__col_text(t->fingerprint, sizeof(t->fingerprint), &c[7]);
+	t->created_at = c[8].i;
+	t->found = 1;
+	return 1;
+}
+
+static int load_transfer(idem_txn *txn, transfer_row *t, const char *from, const char *no)
+{
+	idem_value p[2] = {IDEM_V_TEXT(from), IDEM_V_TEXT(no)};
+
+	memset(t, 0, sizeof(*t));
+	return idem_txn_query(txn,
+			      "SELECT id, transfer_no, from_merchant, to_merchant, amount, currency,"
+			      " status, fingerprint, created_at FROM transfers"
+			      " WHERE from_merchant = ? AND transfer_no = ?",
+			      p, 2, read_transfer, t);
+}
+
+static int answer_transfer(idem_response *resp, int status, const transfer_row *t)
+{
+	char created[32];
+	json_t *obj;
+	int rc;
+
+	pay__time(created, t->created_at);
+	obj = json_pack("{s:s, s:s, s:s, s:s, s:s, s:I, s:s, s:s, s:s}", "id", t->id, "object",
+			"transfer", "transfer_no", t->transfer_no, "from_merchant", t->from,
+			"to_merchant", t->to, "amount", (json_int_t)t->amount, "currency",
+			t->currency, "status", t->status, "created_at", created);
+	if (!obj)
+		return idem__error(IDEM_ENOMEM, "out of memory");
+	rc = pay__json(resp, status, obj);
+	json_decref(obj);
+	return rc;
+}
+
+static int transfer_work(idem_txn *txn, void *vctx, idem_response *resp)
+{
+	transfer_ctx *c = vctx;
+	json_t *d = c->doc;
+	const char *from = c->rq->caller, *to = pay__str(d, "to_merchant");
+	const char *currency = pay__str(d, "currency"), *no = pay__str(d, "transfer_no");
+	const char *first = strcmp(from, to) < 0 ? from : to, *second = first == from ? to : from;
+	int64_t amount = pay__int(d, "amount"), now = pay__now(c->pay), balance = 0;
+	transfer_row t;
+	int rc;
+
+	if ((rc = pay__lock_merchant(txn, first, now)) == 0)
+		rc = pay__lock_merchant(txn, second, now);
+	if (rc == IDEM_ENOTFOUND) {
+		resp->persist = 0;
+		return pay__problem(resp, 404, "unknown_merchant", "'to_merchant' does not exist");
+	}
+	if (rc < 0)
+		return rc;
+	/* Under the sender's lock no other transfer of it runs: the read decides. */
+	if ((rc = load_transfer(txn, &t, from, no)) < 0)
+		return rc;
+	if (t.found) {
+		char *body = NULL;
+		size_t len = 0;
+
+		if (strcmp(t.fingerprint, c->fp) == 0)
+			return answer_transfer(resp, 200, &t);
+		rc = idem_pay_problem(&body, &len, 409, "business_key_conflict",
+				      "a different transfer already uses this transfer_no",
+				      "existing_id", t.id);
+		if (rc == 0)
+			rc = idem_response_set(resp, 409, body, len);
+		free(body);
+		return rc;
+	}
+	if ((rc = pay__balance(txn, from, currency, &balance)) < 0)
+		return rc;
+	if (balance < amount)
+		return pay__problem(resp, 409, "insufficient_balance",
+				    "the balance cannot cover this transfer");
+	if ((rc = pay__new_id(t.id, "tr_")) < 0)
+		return rc;
+	{
+		idem_value v[8] = {IDEM_V_TEXT(t.id), IDEM_V_TEXT(no),       IDEM_V_TEXT(from),
+				   IDEM_V_TEXT(to),   IDEM_V_INT(amount),    IDEM_V_TEXT(currency),
+				   IDEM_V_TEXT(c->fp), IDEM_V_INT(now)};
+
+		rc = idem_txn_exec(txn,
+				   "INSERT INTO transfers (id, transfer_no, from_merchant, to_merchant,"
+				   " amount, currency, status, fingerprint, created_at)"
+				   " VALUES (?, ?, ?, ?, ?, ?, 'succeeded', ?, ?)",
+				   v, 8, NULL);
+	}
+	if (rc < 0 ||
+	    (rc = pay__post(txn, from, currency, -amount, "transfer_out", t.id, now)) < 0 ||
+	    (rc = pay__post(txn, to, currency, amount, "transfer_in", t.id, now)) < 0 ||
+	    (rc = load_transfer(txn, &t, from, no)) < 0)
+		return rc;
+	return answer_transfer(resp, 201, &t);
+}
+
+static const pay__field transfer_fields[] = {
+	{"transfer_no", F_STRING, 0},
+	{"to_merchant", F_STRING, 1},
+	{"amount", F_INT, 1},
+	{"currency", F_STRING, 1},
+};
+
+int idem_pay_transfer(idem_result *out, idem_pay *pay, const idem_pay_request *rq)
+{
+	transfer_ctx c = {pay, rq, NULL, ""};
+	const char *no, *to;
+	int rc;
+
+	memset(out, 0, sizeof(*out));
+	if ((rc = pay__parse(&c.doc, out, rq->body, rq->body_len, transfer_fields,
+			     sizeof(transfer_fields) / sizeof(transfer_fields[0]))) < 0 ||
+	    !c.doc)
+		return rc;
+	no = pay__str(c.doc, "transfer_no");
+	to = pay__str(c.doc, "to_merchant");
+	if (!no && !rq->key)
+		rc = pay__reject(out, 400, "missing_idempotency_key",
+				 "send an Idempotency-Key header or a transfer_no");
+	else if (!no || idem_natural_key_validate(no, strlen(no)) < 0)
+		rc = pay__reject(out, 400, "invalid_request",
+				 "'transfer_no' must be 1..64 of A-Z a-z 0-9 _ - .");
+	else if (idem_natural_key_validate(to, strlen(to)) < 0)
+		rc = pay__reject(out, 400, "invalid_request", "'to_merchant' is malformed");
+	else if (strcmp(to, rq->caller) == 0)
+		rc = pay__reject(out, 400, "invalid_request", "cannot transfer to yourself");
+	else if (!pay__valid_amount(pay__int(c.doc, "amount")))
+		rc = pay__reject(out, 400, "invalid_request",
+				 "'amount' must be an integer from 1 to 10^15 minor units");
+	else if (!pay__valid_currency(pay__str(c.doc, "currency")))
+		rc = pay__reject(out, 400, "invalid_request",
+				 "'currency' must be three upper-case letters");
+	else if ((rc = idem_fingerprint(c.fp, rq->method, rq->path, rq->body, rq->body_len)) == 0)
+		rc = pay__run(out, pay, rq, "transfer", no, pay->opts.ttl_ms, transfer_work, &c,
+			      NULL);
+	json_decref(c.doc);
+	return rc;
+}

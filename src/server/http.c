@@ -1,0 +1,379 @@
+/*
+ * server/http.c: the libmicrohttpd glue. Collects each request's body
+ * under a hard cap (1 MiB: larger is 413 without reading it when the
+ * Content-Length says so), runs the route, frames the answer with its
+ * headers, and logs one line per request with its duration and outcome.
+ *
+ * Handlers run on libmicrohttpd's internal thread pool with epoll; each
+ * blocks its thread until its COMMIT returned, so a 2xx never leaves before
+ * it is durable.
+ */
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <openssl/rand.h>
+#include <strings.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "server/server.h"
+
+struct http_req {
+	struct MHD_Connection *conn;
+	char request_id[17];
+	char method[12];
+	char *path;
+	struct timespec start;
+	route_match match;
+	int prepared;      /* route_prepare ran */
+	int answered;      /* a response was queued */
+	int too_large;
+	char *body;
+	size_t len, cap;
+	http_answer answer; /* what was sent, for the log */
+};
+
+struct http_server {
+	struct MHD_Daemon *daemon;
+	server_state *state;
+	_Atomic int active;
+};
+
+const char *req_header(http_req *r, const char *name)
+{
+	return MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, name);
+}
+
+const char *req_query(http_req *r, const char *name)
+{
+	return MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, name);
+}
+
+typedef struct {
+	const char *name;
+	int n;
+} header_count;
+
+static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const char *key,
+				   const char *value)
+{
+	header_count *hc = cls;
+
+	(void)kind;
+	(void)value;
+	if (strcasecmp(key, hc->name) == 0)
+		hc->n++;
+	return MHD_YES;
+}
+
+int req_header_count(http_req *r, const char *name)
+{
+	header_count hc = {name, 0};
+
+	MHD_get_connection_values(r->conn, MHD_HEADER_KIND, count_header, &hc);
+	return hc.n;
+}
+
+const char *req_body(http_req *r, size_t *len)
+{
+	*len = r->len;
+	return r->body ? r->body : "";
+}
+
+void answer_problem(http_answer *a, int status, const char *code, const char *detail)
+{
+	free(a->body);
+	a->body = NULL;
+	a->len = 0;
+	a->status = status;
+	a->content_type = "application/problem+json";
+	if (idem_pay_problem(&a->body, &a->len, status, code, detail, NULL, NULL) < 0) {
+		a->body = NULL;
+		a->len = 0;
+	}
+	if (status == 503)
+		a->retry_after = 1;
+}
+
+void answer_result(http_answer *a, int rc, idem_result *res)
+{
+	if (rc < 0) {
+		const idem_error *e = idem_error_last();
+
+		/* Never a replay, never a 422: the request had no effect. */
+		log_msg("error", "store failure: %s (code %d, driver %d%s%s): %s",
+			idem_strerror(rc), rc, e->driver_code, e->sqlstate[0] ? ", sqlstate " : "",
+			e->sqlstate, e->message);
+		if (rc == IDEM_ENOMEM || rc == IDEM_EINVAL) {
+			answer_problem(a, 500, "internal_error", "the request could not be processed");
+		} else {
+			answer_problem(a, 503, "store_unavailable",
+				       "the idempotency store is unavailable; retry later");
+		}
+		a->outcome = "error";
+		idem_result_clear(res);
+		return;
+	}
+	free(a->body);
+	a->status = res->http_status;
+	a->body = (char *)res->body;
+	a->len = res->body_len;
+	res->body = NULL;
+	res->body_len = 0;
+	a->content_type = NULL;
+	a->replayed = res->outcome == IDEM_REPLAY;
+	a->retry_after = res->outcome == IDEM_IN_PROGRESS ? 1 : 0;
+	a->outcome = res->outcome ? idem_outcome_name(res->outcome) : "-";
+	if (res->outcome == IDEM_FIRST && !res->stored)
+		a->outcome = "rejected";
+	idem_result_clear(res);
+}
+
+static void request_id(char out[17])
+{
+	unsigned char b[8] = {0};
+
+	RAND_bytes(b, sizeof(b));
+	for (int i = 0; i < 8; i++)
+		snprintf(out + 2 * i, 3, "%02x", b[i]);
+}
+
+static enum MHD_Result send_answer(http_req *r, http_answer *a)
+{
+	struct MHD_Response *resp;
+	enum MHD_Result ret;
+	char retry[16];
+	const char *ctype = a->content_type;
+
+	if (!ctype)
+		ctype = a->status >= 400 ? "application/problem+json"
+					 : "application/json; charset=utf-8";
+	resp = MHD_create_response_from_buffer(a->len, a->body ? a->body : (void *)"",
+					       a->body ? MHD_RESPMEM_MUST_FREE
+						       : MHD_RESPMEM_PERSISTENT);
+	if (!resp)
+		return MHD_NO;
+	a->body = NULL; /* owned by the response now */
+	MHD_add_response_header(resp, "Content-Type", ctype);
+	MHD_add_response_header(resp, "X-Request-Id", r->request_id);
+	MHD_add_response_header(resp, "Cache-Control", "no-store");
+	if (a->replayed)
+		MHD_add_response_header(resp, "Idempotent-Replayed", "true");
+	if (a->retry_after > 0) {
+		snprintf(retry, sizeof(retry), "%d", a->retry_after);
+		MHD_add_response_header(resp, "Retry-After", retry);
+	}
+	if (a->allow)
+		MHD_add_response_header(resp, "Allow", a->allow);
+	ret = MHD_queue_response(r->conn, (unsigned)a->status, resp);
+	MHD_destroy_response(resp);
+	r->answered = 1;
+	r->answer.status = a->status;
+	r->answer.outcome = a->outcome ? a->outcome : "-";
+	r->answer.replayed = a->replayed;
+	return ret;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+				  const char *method, const char *version, const char *upload,
+				  size_t *upload_size, void **con_cls)
+{
+	http_server *h = cls;
+	http_req *r = *con_cls;
+	http_answer a = {0};
+
+	(void)version;
+	if (!r) {
+		const char *cl;
+
+		if (!(r = calloc(1, sizeof(*r))) || !(r->path = strdup(url))) {
+			free(r);
+			return MHD_NO;
+		}
+		atomic_fetch_add(&h->active, 1);
+		*con_cls = r;
+		r->conn = conn;
+		clock_gettime(CLOCK_MONOTONIC, &r->start);
+		request_id(r->request_id);
+		snprintf(r->method, sizeof(r->method), "%s", method);
+		if (route_prepare(h->state, r, method, url, &r->match, &a) != 0)
+			return send_answer(r, &a);
+		cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
+		if (cl && strtoull(cl, NULL, 10) > SERVER_BODY_MAX) {
+			answer_problem(&a, 413, "payload_too_large", "the body is larger than 1 MiB");
+			return send_answer(r, &a);
+		}
+		r->prepared = 1;
+		return MHD_YES;
+	}
+	if (r->answered) { /* answered early: drop whatever still arrives */
+		*upload_size = 0;
+		return MHD_YES;
+	}
+	if (*upload_size > 0) {
+		size_t n = *upload_size;
+
+		*upload_size = 0;
+		if (r->too_large || r->len + n > SERVER_BODY_MAX) {
+			r->too_large = 1;
+			return MHD_YES;
+		}
+		if (r->len + n + 1 > r->cap) {
+			size_t cap = r->cap ? r->cap : 4096;
+			char *p;
+
+			while (cap < r->len + n + 1)
+				cap *= 2;
+			if (!(p = realloc(r->body, cap)))
+				return MHD_NO;
+			r->body = p;
+			r->cap = cap;
+		}
+		memcpy(r->body + r->len, upload, n);
+		r->len += n;
+		r->body[r->len] = '\0';
+		return MHD_YES;
+	}
+	if (r->too_large) {
+		answer_problem(&a, 413, "payload_too_large", "the body is larger than 1 MiB");
+		return send_answer(r, &a);
+	}
+	a.outcome = "-";
+	r->match.handler(h->state, r, &r->match, &a);
+	return send_answer(r, &a);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+			 enum MHD_RequestTerminationCode toe)
+{
+	http_server *h = cls;
+	http_req *r = *con_cls;
+	struct timespec end;
+	double secs;
+	int claimed, dup;
+	const char *o;
+
+	(void)conn;
+	if (!r)
+		return;
+	clock_gettime(CLOCK_MONOTONIC, &end);
+	secs = (double)(end.tv_sec - r->start.tv_sec) + (double)(end.tv_nsec - r->start.tv_nsec) / 1e9;
+	o = r->answered ? r->answer.outcome : "aborted";
+	dup = strcmp(o, "replay") == 0 || strcmp(o, "in_progress") == 0 ||
+	      strcmp(o, "mismatch") == 0;
+	claimed = dup || strcmp(o, "first") == 0;
+	metrics_observe(secs, claimed, dup);
+	log_request(r->request_id, r->method, r->path, r->answered ? r->answer.status : 0,
+		    toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? o : "client-gone", secs * 1000.0);
+	free(r->body);
+	free(r->path);
+	free(r);
+	*con_cls = NULL;
+	atomic_fetch_sub(&h->active, 1);
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+	char msg[512];
+
+	(void)cls;
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	msg[strcspn(msg, "\n")] = '\0';
+	log_msg("warn", "http: %s", msg);
+}
+
+/* "host:port", "[v6]:port" or ":port" into a socket address. */
+static int parse_listen(const char *spec, struct sockaddr_storage *ss, char *err, size_t errlen)
+{
+	char host[128] = "", port[16] = "";
+	const char *colon;
+	struct addrinfo hints = {0}, *ai = NULL;
+	int rc;
+
+	if (spec[0] == '[') {
+		const char *end = strchr(spec, ']');
+
+		if (!end || end[1] != ':' || (size_t)(end - spec - 1) >= sizeof(host))
+			goto bad;
+		memcpy(host, spec + 1, (size_t)(end - spec - 1));
+		snprintf(port, sizeof(port), "%s", end + 2);
+	} else {
+		if (!(colon = strrchr(spec, ':')) || (size_t)(colon - spec) >= sizeof(host))
+			goto bad;
+		memcpy(host, spec, (size_t)(colon - spec));
+		snprintf(port, sizeof(port), "%s", colon + 1);
+	}
+	if (!port[0] || strspn(port, "0123456789") != strlen(port) || atol(port) > 65535)
+		goto bad;
+	hints.ai_socktype = SOCK_STREAM;
+	hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+	if ((rc = getaddrinfo(host[0] ? host : NULL, port, &hints, &ai)) != 0) {
+		snprintf(err, errlen, "cannot resolve listen address '%s': %s", spec,
+			 gai_strerror(rc));
+		return -1;
+	}
+	memcpy(ss, ai->ai_addr, ai->ai_addrlen);
+	freeaddrinfo(ai);
+	return 0;
+bad:
+	snprintf(err, errlen, "listen address '%s' is not host:port", spec);
+	return -1;
+}
+
+int http_start(http_server **out, server_state *s, char *err, size_t errlen)
+{
+	struct sockaddr_storage ss = {0};
+	http_server *h;
+	unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG;
+
+	*out = NULL;
+	if (parse_listen(s->cfg->listen, &ss, err, errlen) < 0)
+		return -1;
+	if (ss.ss_family == AF_INET6)
+		flags |= MHD_USE_IPv6;
+	if (!(h = calloc(1, sizeof(*h)))) {
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
+	h->state = s;
+	h->daemon = MHD_start_daemon(
+		flags, 0, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+		MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_THREAD_POOL_SIZE,
+		(unsigned)s->cfg->threads, MHD_OPTION_CONNECTION_LIMIT,
+		(unsigned)s->cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
+		(unsigned)s->cfg->conn_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+		(size_t)64 * 1024, MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u,
+		MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_END);
+	if (!h->daemon) {
+		snprintf(err, errlen, "cannot listen on %s (address in use or not permitted?)",
+			 s->cfg->listen);
+		free(h);
+		return -1;
+	}
+	*out = h;
+	return 0;
+}
+
+int http_port(http_server *h)
+{
+	const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_BIND_PORT);
+
+	return info ? info->port : 0;
+}
+
+void http_stop(http_server *h, int grace_ms)
+{
+	if (!h)
+		return;
+	/* Stop accepting; requests already in flight finish and are answered. */
+	MHD_quiesce_daemon(h->daemon);
+	for (int waited = 0; atomic_load(&h->active) > 0 && waited < grace_ms; waited += 10)
+		nanosleep(&(struct timespec){0, 10000000}, NULL);
+	MHD_stop_daemon(h->daemon);
+	free(h);
+}

@@ -1,0 +1,260 @@
+/*
+ * server/main.c: idemd's entry point. Reads flags (with IDEM_* environment
+ * fallbacks), opens the store and the payment domain, serves HTTP until
+ * SIGINT or SIGTERM, then lets in-flight requests finish and closes the
+ * store. Exit codes: 0 clean shutdown, 1 runtime failure, 2 bad usage.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/server.h"
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: idemd [options]\n"
+		"\n"
+		"Serves the idem payment API (API.md v1) over HTTP.\n"
+		"\n"
+		"options (environment fallback in brackets):\n"
+		"  --listen HOST:PORT        address to listen on [IDEM_LISTEN] (127.0.0.1:8080)\n"
+		"  --db URL                  store URL [IDEM_DB] (sqlite:idem.db)\n"
+		"  --threads N               HTTP worker threads [IDEM_THREADS] (8)\n"
+		"  --idempotency-ttl DUR     record retention, e.g. 24h, 30m, 90s [IDEM_IDEMPOTENCY_TTL] (24h)\n"
+		"                            (notifications keep at least 72h)\n"
+		"  --log-format text|json    log line format [IDEM_LOG_FORMAT] (text)\n"
+		"  --max-connections N       concurrent connections [IDEM_MAX_CONNECTIONS] (1024)\n"
+		"  --connection-timeout SEC  idle/slow connection timeout [IDEM_CONNECTION_TIMEOUT] (30)\n"
+		"  --sqlite-synchronous full|normal\n"
+		"                            SQLite durability [IDEM_SQLITE_SYNCHRONOUS] (full)\n"
+		"  --mock-channel-delay-ms N the mock channel answers after N ms; payments on it\n"
+		"                            then run in two phases [IDEM_MOCK_CHANNEL_DELAY_MS] (0)\n"
+		"  -h, --help                this text\n"
+		"\n"
+		"example:\n"
+		"  idemd --listen 127.0.0.1:8080 --db sqlite:var/idem.db\n");
+}
+
+/* A duration: a number with an optional unit ms, s, m, h, d (plain: seconds). */
+static int parse_duration_ms(const char *s, int64_t *out)
+{
+	char *end = NULL;
+	long long v;
+	int64_t mult = 1000;
+
+	errno = 0;
+	v = strtoll(s, &end, 10);
+	if (errno || end == s || v <= 0)
+		return -1;
+	if (strcmp(end, "ms") == 0)
+		mult = 1;
+	else if (*end == '\0' || strcmp(end, "s") == 0)
+		mult = 1000;
+	else if (strcmp(end, "m") == 0)
+		mult = 60 * 1000;
+	else if (strcmp(end, "h") == 0)
+		mult = 3600 * 1000;
+	else if (strcmp(end, "d") == 0)
+		mult = 24 * 3600 * 1000;
+	else
+		return -1;
+	if (v > INT64_MAX / mult)
+		return -1;
+	*out = v * mult;
+	return 0;
+}
+
+static int parse_int(const char *s, long min, long max, int *out)
+{
+	char *end = NULL;
+	long v;
+
+	errno = 0;
+	v = strtol(s, &end, 10);
+	if (errno || end == s || *end || v < min || v > max)
+		return -1;
+	*out = (int)v;
+	return 0;
+}
+
+typedef enum {
+	OPT_LISTEN = 1000,
+	OPT_DB,
+	OPT_THREADS,
+	OPT_TTL,
+	OPT_LOG_FORMAT,
+	OPT_MAX_CONN,
+	OPT_CONN_TIMEOUT,
+	OPT_SYNC,
+	OPT_MOCK_DELAY,
+} opt_id;
+
+static const struct {
+	opt_id id;
+	const char *env;
+} env_names[] = {
+	{OPT_LISTEN, "IDEM_LISTEN"},
+	{OPT_DB, "IDEM_DB"},
+	{OPT_THREADS, "IDEM_THREADS"},
+	{OPT_TTL, "IDEM_IDEMPOTENCY_TTL"},
+	{OPT_LOG_FORMAT, "IDEM_LOG_FORMAT"},
+	{OPT_MAX_CONN, "IDEM_MAX_CONNECTIONS"},
+	{OPT_CONN_TIMEOUT, "IDEM_CONNECTION_TIMEOUT"},
+	{OPT_SYNC, "IDEM_SQLITE_SYNCHRONOUS"},
+	{OPT_MOCK_DELAY, "IDEM_MOCK_CHANNEL_DELAY_MS"},
+};
+
+static int apply(server_config *c, opt_id id, const char *v, const char *from)
+{
+	int bad = 0;
+
+	switch (id) {
+	case OPT_LISTEN: bad = snprintf(c->listen, sizeof(c->listen), "%s", v) >= (int)sizeof(c->listen); break;
+	case OPT_DB: bad = snprintf(c->db, sizeof(c->db), "%s", v) >= (int)sizeof(c->db); break;
+	case OPT_THREADS: bad = parse_int(v, 1, 256, &c->threads); break;
+	case OPT_TTL: bad = parse_duration_ms(v, &c->ttl_ms); break;
+	case OPT_LOG_FORMAT:
+		if (strcmp(v, "text") == 0)
+			c->log_format = LOG_TEXT;
+		else if (strcmp(v, "json") == 0)
+			c->log_format = LOG_JSON;
+		else
+			bad = 1;
+		break;
+	case OPT_MAX_CONN: bad = parse_int(v, 1, 100000, &c->max_connections); break;
+	case OPT_CONN_TIMEOUT: bad = parse_int(v, 1, 3600, &c->conn_timeout_s); break;
+	case OPT_SYNC:
+		if (strcmp(v, "full") == 0)
+			c->synchronous_full = 1;
+		else if (strcmp(v, "normal") == 0)
+			c->synchronous_full = 0;
+		else
+			bad = 1;
+		break;
+	case OPT_MOCK_DELAY: bad = parse_int(v, 0, 600000, &c->mock_channel_delay_ms); break;
+	}
+	if (bad)
+		fprintf(stderr, "idemd: invalid value '%s' for %s (see --help)\n", v, from);
+	return bad ? -1 : 0;
+}
+
+static int configure(server_config *c, int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{"listen", required_argument, NULL, OPT_LISTEN},
+		{"db", required_argument, NULL, OPT_DB},
+		{"threads", required_argument, NULL, OPT_THREADS},
+		{"idempotency-ttl", required_argument, NULL, OPT_TTL},
+		{"log-format", required_argument, NULL, OPT_LOG_FORMAT},
+		{"max-connections", required_argument, NULL, OPT_MAX_CONN},
+		{"connection-timeout", required_argument, NULL, OPT_CONN_TIMEOUT},
+		{"sqlite-synchronous", required_argument, NULL, OPT_SYNC},
+		{"mock-channel-delay-ms", required_argument, NULL, OPT_MOCK_DELAY},
+		{"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
+	};
+	int opt;
+
+	snprintf(c->listen, sizeof(c->listen), "127.0.0.1:8080");
+	snprintf(c->db, sizeof(c->db), "sqlite:idem.db");
+	c->threads = 8;
+	c->ttl_ms = 24LL * 3600 * 1000;
+	c->log_format = LOG_TEXT;
+	c->max_connections = 1024;
+	c->conn_timeout_s = 30;
+	c->synchronous_full = 1;
+	c->busy_timeout_ms = 5000;
+	/* The environment first, so flags override it. */
+	for (size_t i = 0; i < sizeof(env_names) / sizeof(env_names[0]); i++) {
+		const char *v = getenv(env_names[i].env);
+
+		if (v && *v && apply(c, env_names[i].id, v, env_names[i].env) < 0)
+			return 2;
+	}
+	while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+		if (opt == 'h') {
+			usage(stdout);
+			return 1;
+		}
+		if (opt == '?') {
+			fprintf(stderr, "idemd: see --help\n");
+			return 2;
+		}
+		for (size_t i = 0; i < sizeof(longopts) / sizeof(longopts[0]); i++)
+			if (longopts[i].val == opt && apply(c, (opt_id)opt, optarg,
+							    longopts[i].name) < 0)
+				return 2;
+	}
+	if (optind < argc) {
+		fprintf(stderr, "idemd: unexpected argument '%s' (see --help)\n", argv[optind]);
+		return 2;
+	}
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	server_config cfg;
+	idem_store_opts so = IDEM_STORE_OPTS_INIT;
+	idem_pay_opts po = IDEM_PAY_OPTS_INIT;
+	server_state st = {0};
+	http_server *http = NULL;
+	sigset_t sigs;
+	char err[256];
+	int rc, sig = 0, exit_code = 1;
+
+	memset(&cfg, 0, sizeof(cfg));
+	if ((rc = configure(&cfg, argc, argv)) != 0)
+		return rc == 1 ? 0 : rc;
+	log_init(cfg.log_format);
+	metrics_init();
+
+	/* Signals are taken by sigwait in this thread only. */
+	sigemptyset(&sigs);
+	sigaddset(&sigs, SIGINT);
+	sigaddset(&sigs, SIGTERM);
+	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+	signal(SIGPIPE, SIG_IGN);
+
+	so.synchronous_full = cfg.synchronous_full;
+	so.busy_timeout_ms = cfg.busy_timeout_ms;
+	so.default_ttl_ms = cfg.ttl_ms;
+	if ((rc = idem_store_open(&st.store, cfg.db, &so)) < 0) {
+		log_msg("error", "cannot open store: %s: %s", idem_strerror(rc),
+			idem_error_last()->message);
+		goto done;
+	}
+	po.ttl_ms = cfg.ttl_ms;
+	po.mock_channel_delay_ms = cfg.mock_channel_delay_ms;
+	if ((rc = idem_pay_open(&st.pay, st.store, &po)) < 0) {
+		log_msg("error", "cannot start: %s", idem_error_last()->message);
+		goto done;
+	}
+	st.cfg = &cfg;
+	if (http_start(&http, &st, err, sizeof(err)) < 0) {
+		log_msg("error", "%s", err);
+		goto done;
+	}
+	log_msg("info", "idemd %s listening on %s (port %d), store %s, %d threads, ttl %llds%s",
+		IDEM_VERSION, cfg.listen, http_port(http), idem_store_backend(st.store),
+		cfg.threads, (long long)(cfg.ttl_ms / 1000),
+		cfg.synchronous_full ? "" : ", synchronous=NORMAL");
+	if (sigwait(&sigs, &sig) != 0)
+		sig = 0;
+	log_msg("info", "signal %d: finishing in-flight requests", sig);
+	http_stop(http, 10000);
+	http = NULL;
+	exit_code = 0;
+done:
+	http_stop(http, 0);
+	idem_pay_close(st.pay);
+	idem_store_close(st.store);
+	if (exit_code == 0)
+		log_msg("info", "stopped");
+	return exit_code;
+}

@@ -1,0 +1,348 @@
+/*
+ * server/routes.c: the route table of API v1 and the handlers, each a thin
+ * mapping from an HTTP request to one idem_pay call and back. Authentication
+ * (bearer key or channel signature) happens here, before any body is read
+ * or any claim is made; a request that fails it leaves nothing behind.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "server/server.h"
+
+/* ---- Idempotency-Key ---- */
+
+/*
+ * The header is a bare token or a Structured Fields string ("abc", with \\
+ * and \" escapes). Either way the key must then be 1..255 bytes of
+ * 0x21..0x7E. Returns 0 with the key in out, -1 when malformed.
+ */
+static int parse_idem_key(const char *v, char *out, size_t outsz, size_t *len)
+{
+	size_t n = 0;
+
+	if (v[0] != '"') {
+		n = strlen(v);
+		if (n >= outsz)
+			return -1;
+		memcpy(out, v, n + 1);
+	} else {
+		const char *p = v + 1;
+
+		for (; *p && *p != '"'; p++) {
+			char c = *p;
+
+			if (c == '\\') {
+				c = *++p;
+				if (c != '\\' && c != '"')
+					return -1;
+			} else if ((unsigned char)c < 0x20 || (unsigned char)c > 0x7e) {
+				return -1;
+			}
+			if (n + 1 >= outsz)
+				return -1;
+			out[n++] = c;
+		}
+		if (*p != '"' || p[1] != '\0')
+			return -1;
+		out[n] = '\0';
+	}
+	*len = n;
+	return idem_key_validate(out, n) == 0 ? 0 : -1;
+}
+
+/* ---- handlers ---- */
+
+typedef int (*pay_write_fn)(idem_result *, idem_pay *, const idem_pay_request *);
+
+static int do_write(server_state *s, http_req *r, route_match *m, http_answer *a,
+		    pay_write_fn fn, const char *path, const char *caller)
+{
+	char key[IDEM_KEY_MAX + 2];
+	size_t key_len = 0, body_len = 0;
+	const char *hdr = req_header(r, "Idempotency-Key");
+	idem_pay_request rq = {0};
+	idem_result res = {0};
+	int rc;
+
+	(void)m;
+	if (req_header_count(r, "Idempotency-Key") > 1) {
+		answer_problem(a, 400, "invalid_idempotency_key",
+			       "send exactly one Idempotency-Key header");
+		return 0;
+	}
+	if (hdr && parse_idem_key(hdr, key, sizeof(key), &key_len) < 0) {
+		answer_problem(a, 400, "invalid_idempotency_key",
+			       "the Idempotency-Key must be 1 to 255 printable ASCII characters "
+			       "without spaces, bare or as a quoted string");
+		return 0;
+	}
+	rq.caller = caller;
+	rq.key = hdr ? key : NULL;
+	rq.key_len = key_len;
+	rq.method = "POST";
+	rq.path = path;
+	rq.body = req_body(r, &body_len);
+	rq.body_len = body_len;
+	rc = fn(&res, s->pay, &rq);
+	answer_result(a, rc, &res);
+	return 0;
+}
+
+static int h_create_payment(server_state *s, http_req *r, route_match *m, http_answer *a)
+{
+	return do_write(s, r, m, a, idem_pay_create_payment, "/v1/payments", m->merchant);
+}
+
+static int h_refund(server_state *s, http_req *r, route_match *m, http_answer *a)
+{
+	return do_write(s, r, m, a, idem_pay_refund, "/v1/refunds", m->merchant);
+}
+
+static int h_transfer(server_state *s, http_req *r, route_match *m, http_answer *a)
+{
+	return do_write(s, r, m, a, idem_pay_transfer, "/v1/transfers", m->merchant);
+}
+
+static int h_notify(server_state *s, http_req *r, route_match *m, http_answer *a)
+{
+	char path[400];
+	const char *sig = req_header(r, "X-Signature");
+	size_t len = 0;
+	const char *body = req_body(r, &len);
+	int rc;
+
+	rc = idem_pay_verify_signature(s->pay, m->param, sig, sig ? strlen(sig) : 0, body, len);
+	if (rc == IDEM_ENOTFOUND) {
+		answer_problem(a, 401, "invalid_signature",
+			       "X-Signature must be the hex HMAC-SHA256 of the body with the "
+			       "channel's secret");
+		return 0;
+	}
+	if (rc < 0) {
+		idem_result res = {0};
+
+		answer_result(a, rc, &res);
+		return 0;
+	}
+	snprintf(path, sizeof(path), "/v1/notifications/%s", m->param);
+	return do_write(s, r, m, a, idem_pay_notify, path, m->param);
+}
+
+static int h_get_payment(server_state *s, http_req *r, route_match *m, http_answer *a)
+{
+	idem_result res = {0};
+
+	(void)r;
+	answer_result(a, idem_pay_get_payment(&res, s->pay, m->merchant, m->param), &res);
+	a->outcome = "-";
+	return 0;
+}
+
+static int h_find_payment(server_state *s, http_req *r, route_match *m, http_answer *a)
+{
+	const char *no = req_query(r, "merchant_order_no");
+	idem_result res = {0};
+
+	if (!no) {
+		answer_problem(a, 400, "invalid_request",
+			       "give ?merchant_order_no=… or GET /v1/payments/{id}");
+		return 0;
+	}
+	answer_result(a, idem_pay_find_payment(&res, s->pay, m->merchant, no), &res);
+	a->outcome = "-";
+	return 0;
+}
+
+static int h_balance(server_state *s, http_req *r, route_match *m, http_answer *a)
+{
+	idem_result res = {0};
+
+	(void)r;
+	answer_result(a, idem_pay_get_balance(&res, s->pay, m->merchant), &res);
+	a->outcome = "-";
+	return 0;
+}
+
+static int h_record(server_state *s, http_req *r, route_match *m, http_answer *a)
+{
+	idem_result res = {0};
+
+	(void)r;
+	answer_result(a, idem_pay_get_record(&res, s->pay, m->merchant, m->param, m->param2,
+					     m->param2_len),
+		      &res);
+	a->outcome = "-";
+	return 0;
+}
+
+static int h_healthz(server_state *s, http_req *r, route_match *m, http_answer *a)
+{
+	char body[128];
+	int ok = idem_store_ping(s->store) == 0;
+
+	(void)r;
+	(void)m;
+	snprintf(body, sizeof(body), "{\"status\":\"%s\",\"store\":\"%s\"}",
+		 ok ? "ok" : "unavailable", idem_store_backend(s->store));
+	a->status = ok ? 200 : 503;
+	a->body = strdup(body);
+	a->len = a->body ? strlen(a->body) : 0;
+	a->content_type = "application/json; charset=utf-8";
+	a->retry_after = ok ? 0 : 1;
+	a->outcome = "-";
+	return 0;
+}
+
+static int h_metrics(server_state *s, http_req *r, route_match *m, http_answer *a)
+{
+	(void)r;
+	(void)m;
+	a->outcome = "-";
+	if (metrics_render(&a->body, &a->len, s->store) < 0) {
+		answer_problem(a, 500, "internal_error", "cannot render metrics");
+		return 0;
+	}
+	a->status = 200;
+	a->content_type = "text/plain; version=0.0.4; charset=utf-8";
+	return 0;
+}
+
+/* ---- the table ---- */
+
+typedef enum { AUTH_NONE, AUTH_BEARER, AUTH_SIGNATURE } auth_kind;
+
+typedef struct {
+	const char *method;
+	const char *pattern; /* literal segments; "*" one parameter; "**" the rest */
+	auth_kind auth;
+	int (*handler)(server_state *, http_req *, route_match *, http_answer *);
+} route;
+
+static const route routes[] = {
+	{"POST", "/v1/payments", AUTH_BEARER, h_create_payment},
+	{"GET", "/v1/payments", AUTH_BEARER, h_find_payment},
+	{"GET", "/v1/payments/*", AUTH_BEARER, h_get_payment},
+	{"POST", "/v1/refunds", AUTH_BEARER, h_refund},
+	{"POST", "/v1/transfers", AUTH_BEARER, h_transfer},
+	{"GET", "/v1/balance", AUTH_BEARER, h_balance},
+	{"POST", "/v1/notifications/*", AUTH_SIGNATURE, h_notify},
+	{"GET", "/v1/idempotency-records/*/**", AUTH_BEARER, h_record},
+	{"GET", "/healthz", AUTH_NONE, h_healthz},
+	{"GET", "/metrics", AUTH_NONE, h_metrics},
+};
+
+#define NROUTES (sizeof(routes) / sizeof(routes[0]))
+
+/* Match path against pattern, capturing up to two parameters. */
+static int match(const char *pattern, const char *path, route_match *m)
+{
+	const char *p = pattern, *u = path;
+	int nparam = 0;
+
+	m->param[0] = m->param2[0] = '\0';
+	m->param2_len = 0;
+	while (*p && *u) {
+		if (p[0] == '*' && p[1] == '*') {
+			size_t n = strlen(u);
+
+			if (n == 0 || n >= sizeof(m->param2))
+				return 0;
+			memcpy(m->param2, u, n + 1);
+			m->param2_len = n;
+			return 1;
+		}
+		if (*p == '*') {
+			size_t n = strcspn(u, "/");
+			char *dst = nparam++ == 0 ? m->param : m->param2;
+
+			if (n == 0 || n >= sizeof(m->param))
+				return 0;
+			memcpy(dst, u, n);
+			dst[n] = '\0';
+			if (dst == m->param2)
+				m->param2_len = n;
+			u += n;
+			p++;
+			continue;
+		}
+		if (*p != *u)
+			return 0;
+		p++;
+		u++;
+	}
+	return *p == '\0' && *u == '\0';
+}
+
+int route_prepare(server_state *s, http_req *r, const char *method, const char *path,
+		  route_match *m, http_answer *a)
+{
+	int has_get = 0, has_post = 0;
+	const route *found = NULL;
+
+	memset(m, 0, sizeof(*m));
+	a->outcome = "-";
+	for (size_t i = 0; i < NROUTES; i++) {
+		route_match tmp;
+
+		if (!match(routes[i].pattern, path, &tmp))
+			continue;
+		if (strcmp(routes[i].method, method) == 0) {
+			found = &routes[i];
+			*m = tmp;
+			break;
+		}
+		has_get |= strcmp(routes[i].method, "GET") == 0;
+		has_post |= strcmp(routes[i].method, "POST") == 0;
+	}
+	if (!found && (has_get || has_post)) {
+		answer_problem(a, 405, "method_not_allowed", "this path does not take that method");
+		a->allow = has_get && has_post ? "GET, POST" : has_get ? "GET" : "POST";
+		return -1;
+	}
+	if (!found) {
+		answer_problem(a, 404, "not_found", "no such resource");
+		return -1;
+	}
+	m->handler = found->handler;
+	if (found->auth == AUTH_BEARER) {
+		const char *auth = req_header(r, "Authorization");
+		int rc;
+
+		if (!auth || strncasecmp(auth, "Bearer ", 7) != 0) {
+			answer_problem(a, 401, "unauthorized",
+				       "send Authorization: Bearer <api key>");
+			return -1;
+		}
+		auth += 7;
+		while (*auth == ' ')
+			auth++;
+		rc = idem_pay_authenticate(s->pay, auth, strlen(auth), m->merchant);
+		if (rc == IDEM_ENOTFOUND) {
+			answer_problem(a, 401, "unauthorized", "the API key is not valid");
+			return -1;
+		}
+		if (rc < 0) {
+			idem_result res = {0};
+
+			answer_result(a, rc, &res);
+			return -1;
+		}
+	} else if (found->auth == AUTH_SIGNATURE && !req_header(r, "X-Signature")) {
+		/* The signature itself is checked once the body is in. */
+		answer_problem(a, 401, "invalid_signature", "X-Signature is required");
+		return -1;
+	}
+	if (strcmp(method, "POST") == 0) {
+		const char *ct = req_header(r, "Content-Type");
+
+		if (ct && (strncasecmp(ct, "application/json", 16) != 0 ||
+			   (ct[16] != '\0' && ct[16] != ';' && ct[16] != ' '))) {
+			answer_problem(a, 415, "unsupported_media_type",
+				       "send the body as application/json");
+			return -1;
+		}
+	}
+	return 0;
+}

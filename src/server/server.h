@@ -1,0 +1,108 @@
+/*
+ * server/server.h: idemd's parts: configuration, the HTTP glue on
+ * libmicrohttpd, the route table, metrics and logging. The server maps
+ * HTTP to calls of the public API (idem/idem.h) and back; it holds no SQL
+ * and no business rules.
+ */
+#ifndef IDEM_SERVER_H
+#define IDEM_SERVER_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "idem/idem.h"
+
+#define SERVER_BODY_MAX (1024 * 1024)
+
+typedef enum { LOG_TEXT, LOG_JSON } log_format;
+
+typedef struct {
+	char listen[128];
+	char db[1024];
+	int threads;
+	int64_t ttl_ms;
+	log_format log_format;
+	int mock_channel_delay_ms;
+	int max_connections;
+	int conn_timeout_s;
+	int synchronous_full;
+	int busy_timeout_ms;
+} server_config;
+
+/* ---- logging (log.c) ---- */
+void log_init(log_format fmt);
+/* level: "info", "warn", "error". A message, never a secret. */
+void log_msg(const char *level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void log_request(const char *request_id, const char *method, const char *path, int status,
+		 const char *outcome, double duration_ms);
+
+/* ---- metrics (metrics.c) ---- */
+void metrics_init(void);
+/* One finished request: its duration and, for claims, the outcome. */
+void metrics_observe(double seconds, int claimed, int duplicate);
+/* The conflict ratio over the sliding window, and the number of claims in it. */
+double metrics_duplicate_ratio(uint64_t *claims_out);
+/* Render everything in Prometheus text format; malloc'd into *out. */
+int metrics_render(char **out, size_t *len, idem_store *store);
+
+/* ---- HTTP (http.c, routes.c) ---- */
+
+/* What a handler answers. body is malloc'd (or NULL) and owned by the response. */
+typedef struct {
+	int status;
+	char *body;
+	size_t len;
+	const char *content_type; /* NULL: derived from status (json / problem+json) */
+	int replayed;             /* Idempotent-Replayed: true */
+	int retry_after;          /* seconds, 0: none */
+	const char *allow;        /* Allow header for 405 */
+	const char *outcome;      /* for the log line: "first", "replay", ... or "-" */
+} http_answer;
+
+/* One request as handlers see it. Borrowed for the call. */
+typedef struct http_req http_req;
+const char *req_header(http_req *r, const char *name);
+const char *req_query(http_req *r, const char *name);
+int req_header_count(http_req *r, const char *name);
+const char *req_body(http_req *r, size_t *len);
+
+typedef struct {
+	idem_store *store;
+	idem_pay *pay;
+	const server_config *cfg;
+} server_state;
+
+/* Set a problem answer. */
+void answer_problem(http_answer *a, int status, const char *code, const char *detail);
+/* Turn a pay result (or error rc) into an answer. */
+void answer_result(http_answer *a, int rc, idem_result *res);
+
+/*
+ * Routing. route_prepare runs when the headers are in (before the body):
+ * it picks the handler and checks method, auth and signature-free limits;
+ * when it answers, the body is never read. route_run runs with the body.
+ */
+typedef struct route_match route_match;
+struct route_match {
+	int (*handler)(server_state *s, http_req *r, route_match *m, http_answer *a);
+	char merchant[IDEM_PAY_ID_SIZE]; /* authenticated merchant */
+	char param[320];                  /* path parameter ({id}, {channel}, {type}) */
+	char param2[320];                 /* second path parameter ({key}) */
+	size_t param2_len;
+	int needs_body;
+	int signed_body; /* verify X-Signature with the body, channel = param */
+};
+
+/* 0: m is ready to run; else a has the answer. */
+int route_prepare(server_state *s, http_req *r, const char *method, const char *path,
+		  route_match *m, http_answer *a);
+
+/* Start and stop the HTTP daemon. */
+typedef struct http_server http_server;
+int http_start(http_server **out, server_state *s, char *err, size_t errlen);
+/* The port actually bound (for --listen with port 0). */
+int http_port(http_server *h);
+/* Stop accepting, let in-flight requests finish (up to grace_ms), stop. */
+void http_stop(http_server *h, int grace_ms);
+
+#endif
