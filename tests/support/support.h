@@ -24,11 +24,22 @@ typedef struct {
 int64_t test_clock_read(void *ctx);
 void test_clock_advance(test_clock *c, int64_t ms);
 
-/* A fresh, empty database URL for this test (sqlite temp file by default;
- * IDEM_TEST_URL overrides it for server backends). Caller frees. */
+/*
+ * A fresh, empty database URL for this test. Caller frees. By default a
+ * SQLite temp file; IDEM_TEST_URL picks another store:
+ *   sqlite:...                 used as is
+ *   postgres | mariadb         a new database on the server whose admin URL
+ *                              scripts/db-up.sh exported (IDEM_TEST_PG_URL,
+ *                              IDEM_TEST_MARIADB_URL); without it the
+ *                              program exits 77 (skipped) with a message
+ *   postgresql://... mysql://...  a new database under this admin URL
+ */
 char *test_db_url(void);
-/* Remove what test_db_url created (files of a sqlite URL). */
+/* Remove what test_db_url created (sqlite files, or the server database). */
 void test_db_drop(const char *url);
+/* The admin URL of a server backend ("postgres", "mariadb"), or skip() the
+ * calling test with a visible message when that server is not running. */
+const char *test_server_admin_url(const char *backend);
 
 /* Open a store on url with a manual clock (NULL: real time). Fails the test on error. */
 idem_store *test_store_open(const char *url, test_clock *clock);
