@@ -88,6 +88,8 @@ typedef struct {
 	const char *caller;      /* merchant id, or the channel name for notifications */
 	const char *key;         /* Idempotency-Key (validated); NULL: use the natural key */
 	size_t key_len;
+	int key_invalid;         /* the header was present but malformed: 400 after the
+	                            JSON syntax check (docs/api-notes.md order of checks) */
 	const char *method;      /* for the fingerprint: "POST" */
 	const char *path;        /* for the fingerprint: "/v1/payments" */
 	const char *body;        /* the raw JSON body */

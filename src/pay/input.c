@@ -16,8 +16,8 @@ static const char *type_name(pay__ftype t)
 	return t == F_STRING ? "a string" : t == F_INT ? "an integer" : "an object";
 }
 
-int pay__parse(json_t **doc, idem_result *out, const char *body, size_t len,
-	       const pay__field *fields, size_t nfields)
+static int parse(json_t **doc, idem_result *out, const char *body, size_t len,
+		 const pay__field *fields, size_t nfields, int key_invalid)
 {
 	char detail[256];
 	json_error_t jerr;
@@ -26,6 +26,12 @@ int pay__parse(json_t **doc, idem_result *out, const char *body, size_t len,
 
 	*doc = NULL;
 	obj = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+	if (obj && json_is_object(obj) && key_invalid) {
+		json_decref(obj);
+		return pay__reject(out, 400, "invalid_idempotency_key",
+				   "the Idempotency-Key must be 1 to 255 printable ASCII characters "
+				   "without spaces, bare or as a quoted string");
+	}
 	if (!obj) {
 		/* jansson refuses numbers it cannot hold: that is a range error. */
 		if (strstr(jerr.text, "too big") || strstr(jerr.text, "overflow")) {
@@ -70,6 +76,12 @@ int pay__parse(json_t **doc, idem_result *out, const char *body, size_t len,
 reject:
 	json_decref(obj);
 	return pay__reject(out, 400, "invalid_request", detail);
+}
+
+int pay__parse_request(json_t **doc, idem_result *out, const idem_pay_request *rq,
+		       const pay__field *fields, size_t nfields)
+{
+	return parse(doc, out, rq->body, rq->body_len, fields, nfields, rq->key_invalid);
 }
 
 const char *pay__str(json_t *doc, const char *name)

@@ -35,13 +35,14 @@ typedef struct {
 } pay__field;
 
 /*
- * Parse body as a JSON object whose members are all in fields, of the right
- * types, with the required ones present. On failure *doc is NULL and out
- * holds the 400 answer (invalid_json or invalid_request); returns 0 either
- * way. A required field listed as natural is left to the caller.
+ * Parse a write request's body as a JSON object whose members are all in
+ * fields, of the right types, with the required ones present; a malformed
+ * Idempotency-Key is rejected after the JSON syntax and before the fields
+ * (the documented order of checks). On failure *doc is NULL and out holds
+ * the 400 answer; returns 0 either way, negative only on a hard error.
  */
-int pay__parse(json_t **doc, idem_result *out, const char *body, size_t len,
-	       const pay__field *fields, size_t nfields);
+int pay__parse_request(json_t **doc, idem_result *out, const idem_pay_request *rq,
+		       const pay__field *fields, size_t nfields);
 
 /* Member helpers: NULL / 0 when absent. */
 const char *pay__str(json_t *doc, const char *name);
@@ -84,6 +85,15 @@ int pay__post(idem_txn *txn, const char *merchant, const char *currency, int64_t
 int pay__run(idem_result *out, idem_pay *pay, const idem_pay_request *rq, const char *type,
 	     const char *natural, int64_t ttl_ms, idem_work_fn work, void *ctx,
 	     void (*before_work)(idem_pay *pay));
+
+/*
+ * The business backstop (API.md): a request new under its Idempotency-Key
+ * whose natural key exists already is a replay of that resource when the
+ * fingerprints match. The work answers 200 with the resource; the stored
+ * answer is then replayed with 200 under both keys. A 200 from a create is
+ * only ever this, so out's outcome says REPLAY for the first answer too.
+ */
+void pay__mark_backstop(idem_result *out);
 
 /* ---- row access ---- */
 

@@ -105,7 +105,7 @@ int idem_pay_notify(idem_result *out, idem_pay *pay, const idem_pay_request *rq)
 	int rc;
 
 	memset(out, 0, sizeof(*out));
-	if ((rc = pay__parse(&c.doc, out, rq->body, rq->body_len, notify_fields,
+	if ((rc = pay__parse_request(&c.doc, out, rq, notify_fields,
 			     sizeof(notify_fields) / sizeof(notify_fields[0]))) < 0 ||
 	    !c.doc)
 		return rc;

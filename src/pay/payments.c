@@ -255,7 +255,7 @@ int idem_pay_create_payment(idem_result *out, idem_pay *pay, const idem_pay_requ
 	int rc;
 
 	memset(out, 0, sizeof(*out));
-	if ((rc = pay__parse(&c.doc, out, rq->body, rq->body_len, payment_fields,
+	if ((rc = pay__parse_request(&c.doc, out, rq, payment_fields,
 			     sizeof(payment_fields) / sizeof(payment_fields[0]))) < 0 ||
 	    !c.doc)
 		return rc;
@@ -288,6 +288,8 @@ int idem_pay_create_payment(idem_result *out, idem_pay *pay, const idem_pay_requ
 					      strcmp(pay__str(c.doc, "channel"), "mock") == 0
 				      ? call_mock_channel
 				      : NULL);
+	if (rc == 0)
+		pay__mark_backstop(out);
 	json_decref(c.doc);
 	return rc;
 }

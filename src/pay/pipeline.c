@@ -8,6 +8,12 @@
 #include "pay/internal.h"
 #include "util/error.h"
 
+void pay__mark_backstop(idem_result *out)
+{
+	if (out->outcome == IDEM_FIRST && out->stored && out->http_status == 200)
+		out->outcome = IDEM_REPLAY;
+}
+
 int pay__run(idem_result *out, idem_pay *pay, const idem_pay_request *rq, const char *type,
 	     const char *natural, int64_t ttl_ms, idem_work_fn work, void *ctx,
 	     void (*before_work)(idem_pay *pay))

@@ -213,7 +213,7 @@ int idem_pay_refund(idem_result *out, idem_pay *pay, const idem_pay_request *rq)
 	int rc;
 
 	memset(out, 0, sizeof(*out));
-	if ((rc = pay__parse(&c.doc, out, rq->body, rq->body_len, refund_fields,
+	if ((rc = pay__parse_request(&c.doc, out, rq, refund_fields,
 			     sizeof(refund_fields) / sizeof(refund_fields[0]))) < 0 ||
 	    !c.doc)
 		return rc;
@@ -235,6 +235,8 @@ int idem_pay_refund(idem_result *out, idem_pay *pay, const idem_pay_request *rq)
 		rc = pay__reject(out, 400, "invalid_request", "'reason' must be at most 255 bytes");
 	else if ((rc = idem_fingerprint(c.fp, rq->method, rq->path, rq->body, rq->body_len)) == 0)
 		rc = pay__run(out, pay, rq, "refund", no, pay->opts.ttl_ms, refund_work, &c, NULL);
+	if (rc == 0)
+		pay__mark_backstop(out);
 	json_decref(c.doc);
 	return rc;
 }

@@ -149,7 +149,7 @@ int idem_pay_transfer(idem_result *out, idem_pay *pay, const idem_pay_request *r
 	int rc;
 
 	memset(out, 0, sizeof(*out));
-	if ((rc = pay__parse(&c.doc, out, rq->body, rq->body_len, transfer_fields,
+	if ((rc = pay__parse_request(&c.doc, out, rq, transfer_fields,
 			     sizeof(transfer_fields) / sizeof(transfer_fields[0]))) < 0 ||
 	    !c.doc)
 		return rc;
@@ -164,7 +164,7 @@ int idem_pay_transfer(idem_result *out, idem_pay *pay, const idem_pay_request *r
 	else if (idem_natural_key_validate(to, strlen(to)) < 0)
 		rc = pay__reject(out, 400, "invalid_request", "'to_merchant' is malformed");
 	else if (strcmp(to, rq->caller) == 0)
-		rc = pay__reject(out, 400, "invalid_request", "cannot transfer to yourself");
+		rc = pay__reject(out, 400, "invalid_request", "'to_merchant' cannot be the sender");
 	else if (!pay__valid_amount(pay__int(c.doc, "amount")))
 		rc = pay__reject(out, 400, "invalid_request",
 				 "'amount' must be an integer from 1 to 10^15 minor units");
@@ -174,6 +174,8 @@ int idem_pay_transfer(idem_result *out, idem_pay *pay, const idem_pay_request *r
 	else if ((rc = idem_fingerprint(c.fp, rq->method, rq->path, rq->body, rq->body_len)) == 0)
 		rc = pay__run(out, pay, rq, "transfer", no, pay->opts.ttl_ms, transfer_work, &c,
 			      NULL);
+	if (rc == 0)
+		pay__mark_backstop(out);
 	json_decref(c.doc);
 	return rc;
 }

@@ -208,6 +208,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 			answer_problem(&a, 413, "payload_too_large", "the body is larger than 1 MiB");
 			return send_answer(r, &a);
 		}
+		if (route_check_media(r, method, &a) != 0)
+			return send_answer(r, &a);
 		r->prepared = 1;
 		return MHD_YES;
 	}

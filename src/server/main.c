@@ -168,7 +168,10 @@ static int configure(server_config *c, int argc, char **argv)
 	c->max_connections = 1024;
 	c->conn_timeout_s = 30;
 	c->synchronous_full = 1;
-	c->busy_timeout_ms = 5000;
+	/* A locked store must become a 503 within seconds, not minutes: each
+	 * attempt waits up to the busy timeout, and there are 1 + retries. */
+	c->busy_timeout_ms = 2000;
+	c->max_retries = 3;
 	/* The environment first, so flags override it. */
 	for (size_t i = 0; i < sizeof(env_names) / sizeof(env_names[0]); i++) {
 		const char *v = getenv(env_names[i].env);
@@ -223,6 +226,7 @@ int main(int argc, char **argv)
 
 	so.synchronous_full = cfg.synchronous_full;
 	so.busy_timeout_ms = cfg.busy_timeout_ms;
+	so.max_retries = cfg.max_retries;
 	so.default_ttl_ms = cfg.ttl_ms;
 	if ((rc = idem_store_open(&st.store, cfg.db, &so)) < 0) {
 		log_msg("error", "cannot open store: %s: %s", idem_strerror(rc),

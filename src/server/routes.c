@@ -72,14 +72,9 @@ static int do_write(server_state *s, http_req *r, route_match *m, http_answer *a
 			       "send exactly one Idempotency-Key header");
 		return 0;
 	}
-	if (hdr && parse_idem_key(hdr, key, sizeof(key), &key_len) < 0) {
-		answer_problem(a, 400, "invalid_idempotency_key",
-			       "the Idempotency-Key must be 1 to 255 printable ASCII characters "
-			       "without spaces, bare or as a quoted string");
-		return 0;
-	}
+	rq.key_invalid = hdr && parse_idem_key(hdr, key, sizeof(key), &key_len) < 0;
 	rq.caller = caller;
-	rq.key = hdr ? key : NULL;
+	rq.key = hdr && !rq.key_invalid ? key : NULL;
 	rq.key_len = key_len;
 	rq.method = "POST";
 	rq.path = path;
@@ -334,15 +329,18 @@ int route_prepare(server_state *s, http_req *r, const char *method, const char *
 		answer_problem(a, 401, "invalid_signature", "X-Signature is required");
 		return -1;
 	}
-	if (strcmp(method, "POST") == 0) {
-		const char *ct = req_header(r, "Content-Type");
-
-		if (ct && (strncasecmp(ct, "application/json", 16) != 0 ||
-			   (ct[16] != '\0' && ct[16] != ';' && ct[16] != ' '))) {
-			answer_problem(a, 415, "unsupported_media_type",
-				       "send the body as application/json");
-			return -1;
-		}
-	}
 	return 0;
+}
+
+int route_check_media(http_req *r, const char *method, http_answer *a)
+{
+	const char *ct = req_header(r, "Content-Type");
+
+	if (strcmp(method, "POST") != 0 || !ct)
+		return 0;
+	if (strncasecmp(ct, "application/json", 16) == 0 &&
+	    (ct[16] == '\0' || ct[16] == ';' || ct[16] == ' '))
+		return 0;
+	answer_problem(a, 415, "unsupported_media_type", "send the body as application/json");
+	return -1;
 }

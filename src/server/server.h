@@ -27,6 +27,7 @@ typedef struct {
 	int conn_timeout_s;
 	int synchronous_full;
 	int busy_timeout_ms;
+	int max_retries;
 } server_config;
 
 /* ---- logging (log.c) ---- */
@@ -96,6 +97,9 @@ struct route_match {
 /* 0: m is ready to run; else a has the answer. */
 int route_prepare(server_state *s, http_req *r, const char *method, const char *path,
 		  route_match *m, http_answer *a);
+
+/* 415 unless a POST's Content-Type, when given, is application/json. */
+int route_check_media(http_req *r, const char *method, http_answer *a);
 
 /* Start and stop the HTTP daemon. */
 typedef struct http_server http_server;
