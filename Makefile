@@ -1,12 +1,15 @@
-# Thin wrapper over CMake so the usual verbs work: make, make test,
-# make test-asan. Each runs scripts/deps.sh first (a quick no-op when every
+# Thin wrapper over CMake so the usual verbs work: make, make run,
+# make test, make test-asan. Each runs scripts/deps.sh first (a quick no-op when every
 # package is present), so a fresh Debian 12 machine needs nothing else.
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CTEST_ARGS ?=
 
-.PHONY: all deps build test test-asan clean format
+LISTEN     ?= 127.0.0.1:8080
+DB         ?= sqlite:var/idem.db
+
+.PHONY: all deps build run test test-asan clean format
 
 all: build
 
@@ -18,6 +21,13 @@ $(BUILD)/CMakeCache.txt: | deps
 
 build: deps $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
+
+# Start idemd on the embedded default. On an empty database, first create a
+# demo merchant and the mock channel and print a curl example that works.
+run: build
+	@mkdir -p var
+	@$(BUILD)/idemctl --db $(DB) demo http://$(LISTEN)
+	$(BUILD)/idemd --listen $(LISTEN) --db $(DB)
 
 test: build
 	scripts/run-tests.sh $(BUILD) $(CTEST_ARGS)

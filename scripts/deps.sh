@@ -11,7 +11,7 @@ pkgs=(
   build-essential cmake pkg-config
   libsqlite3-dev libjansson-dev libssl-dev libcmocka-dev
   libmicrohttpd-dev libcurl4-openssl-dev libpq-dev libmariadb-dev
-  libhiredis-dev libcsv-dev python3 curl
+  libhiredis-dev libcsv-dev python3 curl openssl
 )
 if [ "${1:-}" = "--all" ]; then
   pkgs+=(postgresql mariadb-server sqlite3)
