@@ -8,7 +8,8 @@
  * reopened on next use (never by the driver's own auto-reconnect, which
  * would silently continue a dead transaction in autocommit). Statements are
  * prepared once per connection (mysql_stmt_*), keyed by their SQL text.
- * Every session is InnoDB, utf8mb4, READ COMMITTED, STRICT_ALL_TABLES.
+ * Every session is InnoDB, utf8mb4, READ COMMITTED, STRICT_ALL_TABLES and
+ * SIMULTANEOUS_ASSIGNMENT (UPDATE's SET sees old values, as elsewhere).
  *
  * Keys compare byte for byte: utf8mb4_nopad_bin on the key columns. Plain
  * utf8mb4_bin is a PAD SPACE collation in MariaDB, under which 'A1' and
@@ -645,9 +646,13 @@ static int conn_open(idem__backend *be, conn *c)
 		conn_close(c);
 		return rc;
 	}
+	/* SIMULTANEOUS_ASSIGNMENT: in UPDATE ... SET a = a + 1, b = f(a), f sees
+	 * the old a, as in SQLite, PostgreSQL and standard SQL; MariaDB's default
+	 * (left to right) would silently change the meaning of shared SQL. */
 	snprintf(setup, sizeof(setup),
 		 "SET SESSION sql_mode = 'STRICT_ALL_TABLES,STRICT_TRANS_TABLES,"
-		 "ERROR_FOR_DIVISION_BY_ZERO,NO_AUTO_CREATE_USER,NO_ENGINE_SUBSTITUTION',"
+		 "ERROR_FOR_DIVISION_BY_ZERO,NO_AUTO_CREATE_USER,NO_ENGINE_SUBSTITUTION,"
+		 "SIMULTANEOUS_ASSIGNMENT',"
 		 " innodb_lock_wait_timeout = %d, default_storage_engine = InnoDB",
 		 wait_s > 0 ? wait_s : 1);
 	if ((rc = simple(c, "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
@@ -754,7 +759,111 @@ static const char *const migration_1[] = {
 	NULL,
 };
 
-static const char *const *const migrations[] = {migration_1};
+/*
+ * 2: the payment domain (src/pay), as sqlite.c's migration 2. Identifiers
+ * are bounded VARCHARs (a key needs a length here): generated ids are 36
+ * bytes, natural keys at most 64, channel names 32. utf8mb4_nopad_bin
+ * throughout, so business unique keys compare byte for byte as well.
+ */
+#define PAY_TABLE " ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_nopad_bin"
+
+static const char *const migration_2[] = {
+	"CREATE TABLE IF NOT EXISTS merchants ("
+	" id VARCHAR(64) NOT NULL PRIMARY KEY,"
+	" name VARCHAR(255) NOT NULL,"
+	" key_id VARCHAR(64) NOT NULL UNIQUE,"
+	" key_digest VARCHAR(128) NOT NULL,"
+	" lock_version BIGINT NOT NULL DEFAULT 0,"
+	" created_at BIGINT NOT NULL"
+	")" PAY_TABLE,
+	"CREATE TABLE IF NOT EXISTS channels ("
+	" name VARCHAR(64) NOT NULL PRIMARY KEY,"
+	" secret VARCHAR(255) NOT NULL,"
+	" created_at BIGINT NOT NULL"
+	")" PAY_TABLE,
+	"CREATE TABLE IF NOT EXISTS payments ("
+	" id VARCHAR(64) NOT NULL PRIMARY KEY,"
+	" merchant_id VARCHAR(64) NOT NULL,"
+	" merchant_order_no VARCHAR(128) NOT NULL,"
+	" amount BIGINT NOT NULL CHECK (amount BETWEEN 1 AND 1000000000000000),"
+	" currency VARCHAR(8) NOT NULL CHECK (CHAR_LENGTH(currency) = 3),"
+	" channel VARCHAR(64) NOT NULL,"
+	" description TEXT NULL,"
+	" metadata MEDIUMTEXT NULL,"
+	" status VARCHAR(32) NOT NULL CHECK (status IN ('processing','succeeded','failed',"
+	"  'partially_refunded','refunded')),"
+	" refunded_amount BIGINT NOT NULL,"
+	" channel_txn_id VARCHAR(255) NULL,"
+	" fingerprint VARCHAR(64) NOT NULL,"
+	" created_at BIGINT NOT NULL,"
+	" updated_at BIGINT NOT NULL,"
+	" CONSTRAINT payments_refunded CHECK (refunded_amount BETWEEN 0 AND amount),"
+	" UNIQUE KEY payments_order (merchant_id, merchant_order_no),"
+	" FOREIGN KEY (merchant_id) REFERENCES merchants (id),"
+	" FOREIGN KEY (channel) REFERENCES channels (name)"
+	")" PAY_TABLE,
+	"CREATE TABLE IF NOT EXISTS refunds ("
+	" id VARCHAR(64) NOT NULL PRIMARY KEY,"
+	" merchant_id VARCHAR(64) NOT NULL,"
+	" refund_request_no VARCHAR(128) NOT NULL,"
+	" payment_id VARCHAR(64) NOT NULL,"
+	" amount BIGINT NOT NULL CHECK (amount > 0),"
+	" currency VARCHAR(8) NOT NULL,"
+	" reason TEXT NULL,"
+	" status VARCHAR(32) NOT NULL,"
+	" fingerprint VARCHAR(64) NOT NULL,"
+	" created_at BIGINT NOT NULL,"
+	" UNIQUE KEY refunds_request (merchant_id, refund_request_no),"
+	" FOREIGN KEY (merchant_id) REFERENCES merchants (id),"
+	" FOREIGN KEY (payment_id) REFERENCES payments (id)"
+	")" PAY_TABLE,
+	"CREATE TABLE IF NOT EXISTS transfers ("
+	" id VARCHAR(64) NOT NULL PRIMARY KEY,"
+	" transfer_no VARCHAR(128) NOT NULL,"
+	" from_merchant VARCHAR(64) NOT NULL,"
+	" to_merchant VARCHAR(64) NOT NULL,"
+	" amount BIGINT NOT NULL CHECK (amount > 0),"
+	" currency VARCHAR(8) NOT NULL,"
+	" status VARCHAR(32) NOT NULL,"
+	" fingerprint VARCHAR(64) NOT NULL,"
+	" created_at BIGINT NOT NULL,"
+	" UNIQUE KEY transfers_no (from_merchant, transfer_no),"
+	" FOREIGN KEY (from_merchant) REFERENCES merchants (id),"
+	" FOREIGN KEY (to_merchant) REFERENCES merchants (id)"
+	")" PAY_TABLE,
+	"CREATE TABLE IF NOT EXISTS notifications ("
+	" channel VARCHAR(64) NOT NULL,"
+	" notify_id VARCHAR(128) NOT NULL,"
+	" payment_id VARCHAR(64) NOT NULL,"
+	" channel_txn_id VARCHAR(255) NOT NULL,"
+	" status VARCHAR(32) NOT NULL,"
+	" amount BIGINT NOT NULL,"
+	" created_at BIGINT NOT NULL,"
+	" UNIQUE KEY notifications_id (channel, notify_id)"
+	")" PAY_TABLE,
+	"CREATE TABLE IF NOT EXISTS ledger_entries ("
+	" id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,"
+	" merchant_id VARCHAR(64) NOT NULL,"
+	" currency VARCHAR(8) NOT NULL,"
+	" amount BIGINT NOT NULL CHECK (amount <> 0),"
+	" kind VARCHAR(32) NOT NULL,"
+	" ref_id VARCHAR(64) NOT NULL,"
+	" created_at BIGINT NOT NULL,"
+	" UNIQUE KEY ledger_entries_ref (kind, ref_id, merchant_id),"
+	" KEY ledger_entries_merchant (merchant_id, currency),"
+	" FOREIGN KEY (merchant_id) REFERENCES merchants (id)"
+	")" PAY_TABLE,
+	"CREATE TABLE IF NOT EXISTS balances ("
+	" merchant_id VARCHAR(64) NOT NULL,"
+	" currency VARCHAR(8) NOT NULL,"
+	" amount BIGINT NOT NULL CHECK (amount >= 0),"
+	" PRIMARY KEY (merchant_id, currency),"
+	" FOREIGN KEY (merchant_id) REFERENCES merchants (id)"
+	")" PAY_TABLE,
+	NULL,
+};
+
+static const char *const *const migrations[] = {migration_1, migration_2};
 
 #define SCHEMA_LATEST ((int)(sizeof(migrations) / sizeof(migrations[0])))
 

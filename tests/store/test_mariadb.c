@@ -346,6 +346,37 @@ static void value_types(void **state)
 			 IDEM_EINVAL);
 }
 
+static int update_both(idem_txn *txn, void *ctx)
+{
+	int rc;
+
+	(void)ctx;
+	if ((rc = idem_txn_exec(txn, "CREATE TABLE acc (a BIGINT NOT NULL, b VARCHAR(8) NOT NULL)",
+				NULL, 0, NULL)) < 0 ||
+	    (rc = idem_txn_exec(txn, "INSERT INTO acc (a, b) VALUES (1, 'x')", NULL, 0, NULL)) < 0)
+		return rc;
+	return idem_txn_exec(txn,
+			     "UPDATE acc SET a = a + ?, b = CASE WHEN a + ? = 3 THEN 'full'"
+			     " ELSE 'part' END",
+			     (idem_value[]){IDEM_V_INT(2), IDEM_V_INT(2)}, 2, NULL);
+}
+
+/*
+ * The SET list of an UPDATE sees the row's old values, as on SQLite and
+ * PostgreSQL (left to right, b would see a = 3 and say 'part').
+ */
+static void update_sees_old_values(void **state)
+{
+	fixture *f = open_fixture(state, 1);
+	row_copy r = {0};
+
+	assert_int_equal(idem_store_transact(f->store, update_both, NULL), 0);
+	assert_int_equal(idem_store_query(f->store, "SELECT a, b FROM acc", NULL, 0, copy_row, &r),
+			 0);
+	assert_int_equal(r.v[0].i, 3);
+	assert_string_equal(r.text[1], "full");
+}
+
 /*
  * Every session of the store is killed while idle: the next call reconnects
  * by itself (or says unavailable), never answers a duplicate, and the one
@@ -468,6 +499,7 @@ int main(void)
 		T(keys_are_bytes),
 		T(constraint_errors_are_not_duplicates),
 		T(value_types),
+		T(update_sees_old_values),
 		T(killed_idle_connections_recover),
 		T(killed_mid_unit_is_unavailable),
 		T(newer_schema_is_refused),
