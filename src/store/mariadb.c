@@ -39,7 +39,8 @@
 
 #define STMT_CACHE 64
 #define MAX_COLS 32
-#define IO_TIMEOUT_S 60
+/* How much longer than a lock wait any call may wait for the server. */
+#define IO_MARGIN_S 10
 
 typedef struct conn conn;
 
@@ -619,10 +620,10 @@ static void conn_close(conn *c)
 
 static int conn_open(idem__backend *be, conn *c)
 {
-	unsigned int connect_timeout = 10, io_timeout = IO_TIMEOUT_S;
+	int wait_s = (be->opts.busy_timeout_ms + 999) / 1000;
+	unsigned int connect_timeout = 10, io_timeout = (unsigned int)wait_s + IO_MARGIN_S;
 	my_bool reconnect = 0;
 	char setup[320];
-	int wait_s = (be->opts.busy_timeout_ms + 999) / 1000;
 	int rc;
 
 	conn_close(c);
@@ -630,7 +631,8 @@ static int conn_open(idem__backend *be, conn *c)
 		return idem__error(IDEM_ENOMEM, "mariadb: out of memory");
 	mysql_options(c->my, MYSQL_OPT_CONNECT_TIMEOUT, &connect_timeout);
 	/* A server that stops answering (SIGSTOP, a dead link) fails the call
-	 * after this long instead of hanging it forever. */
+	 * (2013: unavailable) after a lock wait plus a margin, instead of
+	 * hanging it forever. */
 	mysql_options(c->my, MYSQL_OPT_READ_TIMEOUT, &io_timeout);
 	mysql_options(c->my, MYSQL_OPT_WRITE_TIMEOUT, &io_timeout);
 	mysql_options(c->my, MYSQL_OPT_RECONNECT, &reconnect);

@@ -10,6 +10,9 @@
  * reopened. Statements are prepared once per connection, keyed by their SQL
  * text; the generic `?` placeholders are rewritten to $1..$n on the way.
  * Every session runs READ COMMITTED with lock_timeout = busy_timeout_ms.
+ * No call waits for the server longer than busy_timeout_ms + 10 s: a server
+ * that stops answering (SIGSTOP, a dead link) makes the call fail as
+ * unavailable and its connection is dropped, instead of hanging the caller.
  *
  * Error classification is exact. The claim is INSERT ... ON CONFLICT
  * (scope, business_type, idem_key) DO NOTHING RETURNING id: a row back means
@@ -26,18 +29,23 @@
  * notices are swallowed, and the URL (it may hold a password) is never put
  * into an error message.
  */
+#include <errno.h>
 #include <libpq-fe.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "store/netdb.h"
 #include "store/store.h"
+#include "util/clock.h"
 #include "util/error.h"
 
 #define STMT_CACHE 64
 #define MAX_COLS 32
 #define SQL_MAX (1 << 20)
+/* How much longer than a lock wait any call may wait for the server. */
+#define IO_MARGIN_MS 10000
 
 /* Key of the advisory lock that serialises migrations (per database). */
 #define MIGRATE_LOCK_KEY "7589122023311"
@@ -61,6 +69,8 @@ typedef struct {
 struct conn {
 	PGconn *pg;
 	int broken; /* lost or in an unknown state: drop it when given back */
+	int timed_out; /* the server stopped answering (broken too) */
+	int io_timeout_ms;
 	int ncache;
 	struct {
 		char *sql; /* the caller's SQL text, before rewriting */
@@ -105,6 +115,8 @@ static int fail(conn *c, const PGresult *res, err_ctx ctx, const char *what)
 	const char *msg = res ? PQresultErrorMessage(res) : "";
 	int code, len;
 
+	if (!res && c->timed_out)
+		msg = "the server did not answer in time; connection dropped";
 	if (!msg || !*msg)
 		msg = c->pg ? PQerrorMessage(c->pg) : "no connection";
 	len = (int)strlen(msg);
@@ -371,6 +383,65 @@ static int deliver_rows(PGresult *res, idem_row_fn fn, void *ctx)
 	return rc > 0 ? 0 : rc;
 }
 
+/* ---- talking to the server ------------------------------------------ */
+
+/*
+ * Collect the result of what was just sent on c, waiting at most the
+ * connection's I/O bound. libpq's blocking calls would wait forever for a
+ * stopped server. Returns the first error result, else the last result, or
+ * NULL when nothing usable came back (c->broken is then set). sent is the
+ * return value of the PQsend* call.
+ */
+static PGresult *await(conn *c, int sent)
+{
+	int64_t deadline = idem__clock_monotonic_us() + (int64_t)c->io_timeout_ms * 1000;
+	PGresult *res = NULL, *r;
+
+	if (!sent) {
+		c->broken = 1;
+		return NULL;
+	}
+	for (;;) {
+		while (PQisBusy(c->pg)) {
+			struct pollfd pfd = {PQsocket(c->pg), POLLIN, 0};
+			int64_t left = deadline - idem__clock_monotonic_us();
+			int n;
+
+			if (left <= 0) {
+				c->broken = c->timed_out = 1;
+				PQclear(res);
+				return NULL;
+			}
+			n = poll(&pfd, 1, (int)((left + 999) / 1000));
+			if (n < 0 && errno != EINTR) {
+				c->broken = 1;
+				PQclear(res);
+				return NULL;
+			}
+			if (n > 0 && !PQconsumeInput(c->pg)) {
+				c->broken = 1;
+				PQclear(res);
+				return NULL;
+			}
+		}
+		if (!(r = PQgetResult(c->pg)))
+			break;
+		if (res && PQresultStatus(res) == PGRES_FATAL_ERROR) {
+			PQclear(r);
+		} else {
+			PQclear(res);
+			res = r;
+		}
+	}
+	return res;
+}
+
+/* A statement without parameters (or a few, ';'-separated), bounded in time. */
+static PGresult *exec_text(conn *c, const char *sql)
+{
+	return await(c, PQsendQuery(c->pg, sql));
+}
+
 /* ---- statements ------------------------------------------------------ */
 
 /*
@@ -406,7 +477,7 @@ static int prepare(conn *c, const char *sql, int n, int *slot, char **oneoff)
 		goto done;
 	}
 	snprintf(name, sizeof(name), "idem_%d", c->ncache);
-	res = PQprepare(c->pg, name, text, 0, NULL);
+	res = await(c, PQsendPrepare(c->pg, name, text, 0, NULL));
 	if (PQresultStatus(res) != PGRES_COMMAND_OK) {
 		rc = fail(c, res, CTX_BUSINESS, "prepare");
 		goto done;
@@ -448,9 +519,11 @@ static int run(conn *c, const char *sql, const idem_value *params, int n, idem_r
 		goto done;
 	if (slot >= 0) {
 		snprintf(name, sizeof(name), "idem_%d", slot);
-		res = PQexecPrepared(c->pg, name, n, b.values, b.lengths, b.formats, 0);
+		res = await(c, PQsendQueryPrepared(c->pg, name, n, b.values, b.lengths, b.formats,
+						   0));
 	} else {
-		res = PQexecParams(c->pg, oneoff, n, NULL, b.values, b.lengths, b.formats, 0);
+		res = await(c, PQsendQueryParams(c->pg, oneoff, n, NULL, b.values, b.lengths,
+						 b.formats, 0));
 	}
 	st = PQresultStatus(res);
 	if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
@@ -480,7 +553,7 @@ static int simple(conn *c, const char *sql, const char *what)
 
 	if (!c->pg || c->broken)
 		return idem__error(IDEM_EUNAVAIL, "postgresql: connection lost");
-	res = PQexec(c->pg, sql);
+	res = exec_text(c, sql);
 	if (PQresultStatus(res) != PGRES_COMMAND_OK && PQresultStatus(res) != PGRES_TUPLES_OK)
 		rc = fail(c, res, CTX_PLAIN, what);
 	PQclear(res);
@@ -505,6 +578,7 @@ static void conn_close(conn *c)
 		PQfinish(c->pg);
 	c->pg = NULL;
 	c->broken = 0;
+	c->timed_out = 0;
 }
 
 static int conn_open(idem__backend *be, conn *c)
@@ -531,6 +605,7 @@ static int conn_open(idem__backend *be, conn *c)
 		return rc;
 	}
 	PQsetNoticeProcessor(c->pg, quiet, NULL);
+	c->io_timeout_ms = be->opts.busy_timeout_ms + IO_MARGIN_MS;
 	snprintf(setup, sizeof(setup),
 		 "SET default_transaction_isolation = 'read committed';"
 		 " SET lock_timeout = %d; SET client_min_messages = warning",
@@ -806,7 +881,7 @@ static int pg_migrate(idem__backend *be, int *version_out)
 	goto out;
 rollback:
 	if (!c->broken)
-		PQclear(PQexec(c->pg, "ROLLBACK"));
+		PQclear(exec_text(c, "ROLLBACK"));
 out:
 	give(be, c);
 	return rc;
@@ -937,7 +1012,7 @@ static void pg_txn_rollback(idem_txn *txn)
 	conn *c = conn_of(txn);
 
 	if (c->pg && !c->broken) {
-		PGresult *res = PQexec(c->pg, "ROLLBACK");
+		PGresult *res = exec_text(c, "ROLLBACK");
 
 		if (PQresultStatus(res) != PGRES_COMMAND_OK)
 			c->broken = 1;
@@ -956,7 +1031,7 @@ static int pg_txn_commit(idem_txn *txn)
 		rc = idem__error(IDEM_EUNAVAIL, "postgresql: connection lost before commit");
 		goto done;
 	}
-	res = PQexec(c->pg, "COMMIT");
+	res = exec_text(c, "COMMIT");
 	if (PQresultStatus(res) != PGRES_COMMAND_OK) {
 		/* Lost during COMMIT: its fate is unknown, and it is reported as
 		 * unavailable, never as success. */
@@ -1185,7 +1260,7 @@ static int business(idem_txn *txn, const char *sql, const idem_value *params, in
 		return rc;
 	if (rc < 0) {
 		/* Keep the statement's error as the one reported. */
-		PGresult *res = PQexec(c->pg, "ROLLBACK TO SAVEPOINT idem_stmt;"
+		PGresult *res = exec_text(c, "ROLLBACK TO SAVEPOINT idem_stmt;"
 					      " RELEASE SAVEPOINT idem_stmt");
 
 		if (PQresultStatus(res) != PGRES_COMMAND_OK)

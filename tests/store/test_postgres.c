@@ -356,6 +356,37 @@ static void killed_mid_unit_is_unavailable(void **state)
 	assert_int_equal(test_work_count(f->store, f->scope, "K"), 1);
 }
 
+static int sleep_long(idem_txn *txn, void *ctx)
+{
+	(void)ctx;
+	return idem_txn_query(txn, "SELECT pg_sleep(?)", &IDEM_V_INT(13), 1, NULL, NULL);
+}
+
+/*
+ * A server that stops answering (here: a statement that outlives the
+ * store's bound of busy_timeout_ms + 10 s, as a SIGSTOPped server would)
+ * fails the call as unavailable instead of hanging it, and the store goes
+ * on with a new connection.
+ */
+static void unanswered_call_is_unavailable(void **state)
+{
+	fixture *f = open_fixture(state);
+	idem_store_opts opts = IDEM_STORE_OPTS_INIT;
+	idem_store *s = NULL;
+	unit u = {0};
+	idem_result res = {0};
+
+	opts.busy_timeout_ms = 100;
+	assert_int_equal(idem_store_open(&s, f->url, &opts), 0);
+	assert_int_equal(idem_store_transact(s, sleep_long, NULL), IDEM_EUNAVAIL);
+	assert_non_null(strstr(idem_error_last()->message, "did not answer"));
+	assert_int_equal(idem_store_ping(s), 0);
+	idem_store_close(s);
+	assert_int_equal(run_unit(f, "after", &u, &res), 0);
+	assert_int_equal(res.outcome, IDEM_FIRST);
+	idem_result_clear(&res);
+}
+
 static void newer_schema_is_refused(void **state)
 {
 	fixture *f = open_fixture(state);
@@ -421,6 +452,7 @@ int main(void)
 		T(failed_statement_keeps_transaction),
 		T(killed_idle_connections_recover),
 		T(killed_mid_unit_is_unavailable),
+		T(unanswered_call_is_unavailable),
 		T(newer_schema_is_refused),
 		T(migrations_race_across_processes),
 	};
