@@ -65,6 +65,7 @@ typedef struct {
 	size_t body_len;
 	int stored;                /* FIRST: 1 when the response was committed with the record */
 	int64_t retry_after_ms;    /* IN_PROGRESS: time left on the holder's lease */
+	int64_t expires_at_ms;     /* FIRST (stored), REPLAY, MISMATCH: the record's expiry */
 } idem_result;
 
 /* Free what a result owns and zero it. NULL is accepted. */
@@ -106,6 +107,27 @@ typedef int (*idem_work_fn)(idem_txn *txn, void *ctx, idem_response *resp);
  */
 IDEM_EXTERN int idem_execute(idem_result *out, idem_store *store, const idem_request *req,
 			     idem_work_fn work, void *ctx);
+
+/*
+ * Called once with the answer of idem_execute_async: rc and res as
+ * idem_execute returns them. res belongs to the callee (idem_result_clear).
+ */
+typedef void (*idem_done_fn)(void *ctx, int rc, idem_result *res);
+
+/*
+ * Atomic mode without blocking the caller. Duplicates answered from the
+ * cache or a read connection call done before this returns. Otherwise the
+ * unit is queued for a writer thread when group commit is on
+ * (opts.batch_max > 1): it runs inside a shared transaction under its own
+ * savepoint, and done is called on the writer thread after that
+ * transaction's COMMIT returned, so an acknowledged answer is durable. With
+ * group commit off, the unit runs here and done is called before return.
+ * req's strings, work and ctx must stay valid until done has been called;
+ * work runs on the writer thread. done is called exactly once.
+ */
+IDEM_EXTERN void idem_execute_async(idem_store *store, const idem_request *req,
+				    idem_work_fn work, void *ctx, idem_done_fn done,
+				    void *done_ctx);
 
 /* Two-phase mode. */
 typedef struct idem_claim idem_claim;

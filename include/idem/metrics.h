@@ -30,6 +30,13 @@ IDEM_EXTERN void idem_metrics_each(idem_store *store, idem_counter_fn fn, void *
 /* Store errors seen, by class (index: idem_error_class). */
 IDEM_EXTERN uint64_t idem_metrics_store_errors(idem_store *store, idem_error_class cls);
 
+/* The front cache's counters (all 0 when the cache is off). */
+typedef struct {
+	uint64_t hits, misses, evictions, entries, bytes;
+} idem_cache_stats;
+
+IDEM_EXTERN void idem_metrics_cache(idem_store *store, idem_cache_stats *out);
+
 /* Records removed by idem_store_purge since open. */
 IDEM_EXTERN uint64_t idem_metrics_purged(idem_store *store);
 

@@ -109,6 +109,21 @@ IDEM_EXTERN int idem_pay_refund(idem_result *out, idem_pay *pay, const idem_pay_
 IDEM_EXTERN int idem_pay_transfer(idem_result *out, idem_pay *pay, const idem_pay_request *rq);
 
 /*
+ * The same without blocking the caller: done gets (rc, result) exactly once,
+ * possibly before the call returns (validation errors, duplicates answered
+ * from the cache or a read), otherwise on a group-commit writer thread after
+ * the COMMIT returned. rq's strings must stay valid until done was called.
+ */
+IDEM_EXTERN void idem_pay_create_payment_async(idem_pay *pay, const idem_pay_request *rq,
+					       idem_done_fn done, void *done_ctx);
+IDEM_EXTERN void idem_pay_notify_async(idem_pay *pay, const idem_pay_request *rq,
+				       idem_done_fn done, void *done_ctx);
+IDEM_EXTERN void idem_pay_refund_async(idem_pay *pay, const idem_pay_request *rq,
+				       idem_done_fn done, void *done_ctx);
+IDEM_EXTERN void idem_pay_transfer_async(idem_pay *pay, const idem_pay_request *rq,
+					 idem_done_fn done, void *done_ctx);
+
+/*
  * Reads, scoped to merchant. Answer through out (outcome FIRST, stored 0):
  * 200 with the JSON object, 404 problem when absent or another merchant's.
  */

@@ -35,11 +35,18 @@ typedef struct {
 	int64_t default_lease_ms;   /* two-phase lease when a request gives none (default 30 s) */
 	idem_clock_fn clock;        /* NULL: the real-time clock; tests inject their own */
 	void *clock_ctx;
+	/* Group commit (DESIGN.md §5): units per transaction; <= 1 turns it off. */
+	int batch_max;              /* default 1 (off) */
+	int batch_wait_us;          /* extra wait for a fuller batch (default 0: take what is queued) */
+	int writers;                /* writer threads (default 1; SQLite always uses 1) */
+	/* Front cache of completed responses; 0 in either turns it off. */
+	size_t cache_bytes;         /* default 0 */
+	size_t cache_entries;       /* default 0 */
 } idem_store_opts;
 
 #define IDEM_STORE_OPTS_INIT                                                     \
 	{ IDEM_STORE_OPTS_VERSION, 1, 1, 5000, 4, 8, 24LL * 3600 * 1000, 30LL * 1000, \
-	  NULL, NULL }
+	  NULL, NULL, 1, 0, 1, 0, 0 }
 
 /*
  * Open the store named by url:

@@ -20,6 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <pthread.h>
+
+#include "core/cache.h"
+#include "core/claim_internal.h"
 #include "idem/claim.h"
 #include "idem/metrics.h"
 #include "idem/util.h"
@@ -28,6 +32,7 @@
 #include "util/rand.h"
 
 #define OUTCOME_TAKEOVER 0
+
 
 struct idem_claim {
 	idem_store *store;
@@ -113,7 +118,7 @@ static int key_from_parts(idem__key *k, const char *scope, const char *type, con
 	return 0;
 }
 
-static int request_key(idem__key *k, const idem_request *req)
+int idem__request_key(idem__key *k, const idem_request *req)
 {
 	if (!req || req->version != IDEM_REQUEST_VERSION)
 		return idem__error(IDEM_EINVAL, "idem_request missing or of another version");
@@ -144,6 +149,7 @@ static int classify(const idem__record *ex, const char *fp, int64_t now)
 static void answer_from(idem_result *out, int outcome, idem__record *ex, int64_t now)
 {
 	out->outcome = (idem_outcome)outcome;
+	out->expires_at_ms = ex->expires_at;
 	if (outcome == IDEM_REPLAY) {
 		out->http_status = ex->http_status;
 		out->body = ex->body;
@@ -160,22 +166,35 @@ static void answer_from(idem_result *out, int outcome, idem__record *ex, int64_t
  * so finding one answers the duplicate with no write at all. Returns 1 when
  * out is answered, 0 when the write path must decide, or an error.
  */
-static int fast_path(idem_store *s, const idem__key *k, const char *fp, idem_result *out)
+int idem__fast_path(idem_store *s, const idem__key *k, const char *fp, idem_result *out)
 {
 	idem__record ex = {0};
 	int64_t now = idem_store_now(s);
-	int rc = s->ops->rec_read(s->be, k, &ex);
+	int rc = idem__cache_get(s->cache, k, fp, now, out);
 	int outcome;
 
-	if (rc == IDEM_ENOTFOUND)
+	if (rc != 0)
+		return rc;
+	if ((rc = s->ops->rec_read(s->be, k, &ex)) == IDEM_ENOTFOUND)
 		return 0;
 	if (rc < 0)
 		return rc;
 	outcome = classify(&ex, fp, now);
+	if (outcome == IDEM_REPLAY)
+		idem__cache_put(s->cache, k, ex.fingerprint, ex.http_status, ex.body, ex.body_len,
+				ex.expires_at, now);
 	if (outcome != OUTCOME_TAKEOVER)
 		answer_from(out, outcome, &ex, now);
 	idem__record_clear(&ex);
 	return outcome != OUTCOME_TAKEOVER;
+}
+
+void idem__cache_after_commit(idem_store *s, const idem__key *k, const idem_request *req,
+			      const idem_result *res)
+{
+	if ((res->outcome == IDEM_FIRST && res->stored) || res->outcome == IDEM_REPLAY)
+		idem__cache_put(s->cache, k, req->fingerprint, res->http_status, res->body,
+				res->body_len, res->expires_at_ms, idem_store_now(s));
 }
 
 static int64_t ttl_of(const idem_store *s, const idem_request *req)
@@ -214,6 +233,7 @@ static int claim_in_txn(idem_txn *txn, const idem__key *k, const idem_request *r
 	if (rc == 0) {
 		*id_out = rec.id;
 		out->outcome = IDEM_FIRST;
+		out->expires_at_ms = rec.expires_at;
 		return 0;
 	}
 	/* IDEM__DUPLICATE: the key exists (committed, since the INSERT waited). */
@@ -234,6 +254,7 @@ static int claim_in_txn(idem_txn *txn, const idem__key *k, const idem_request *r
 	if (rc == 0) {
 		*id_out = ex.id;
 		out->outcome = IDEM_FIRST;
+		out->expires_at_ms = rec.expires_at;
 	}
 	idem__record_clear(&ex);
 	return rc;
@@ -288,8 +309,8 @@ done:
  * failing unit rolls back alone, claim included. A response that is not to
  * be kept rolls the unit back too: nothing of it remains but the answer.
  */
-static int run_unit(idem_txn *txn, const idem__key *k, const idem_request *req, const char *owner,
-		    idem_work_fn work, void *ctx, idem_result *out)
+int idem__run_unit(idem_txn *txn, const idem__key *k, const idem_request *req, const char *owner,
+		   idem_work_fn work, void *ctx, idem_result *out)
 {
 	const idem__backend_ops *ops = txn->store->ops;
 	int64_t id = 0;
@@ -314,34 +335,26 @@ undo:
 	return rc;
 }
 
-static void count(idem_store *s, const char *type, int rc, const idem_result *out)
+void idem__count(idem_store *s, const char *type, int rc, const idem_result *out)
 {
 	idem__metrics_count(&s->metrics, type, rc < 0 ? IDEM_COUNT_ERROR : (int)out->outcome);
 	if (rc < 0)
 		idem__store_count_error(s, rc);
 }
 
-int idem_execute(idem_result *out, idem_store *store, const idem_request *req, idem_work_fn work,
-		 void *ctx)
+int idem__execute_direct(idem_store *store, const idem__key *k, const idem_request *req,
+			 idem_work_fn work, void *ctx, idem_result *out)
 {
-	idem__key k;
 	char owner[33];
 	int rc;
 
-	memset(out, 0, sizeof(*out));
-	if ((rc = request_key(&k, req)) < 0)
-		return rc;
-	if (!work)
-		return idem__error(IDEM_EINVAL, "idem_execute: work is required");
-	if ((rc = fast_path(store, &k, req->fingerprint, out)) != 0)
-		goto done;
 	if ((rc = idem__rand_hex(owner, 16)) < 0)
-		goto done;
+		return rc;
 	for (int attempt = 0;; attempt++) {
 		idem_txn *txn = NULL;
 
 		if ((rc = store->ops->txn_begin(store->be, &txn)) == 0) {
-			rc = run_unit(txn, &k, req, owner, work, ctx, out);
+			rc = idem__run_unit(txn, k, req, owner, work, ctx, out);
 			if (rc < 0)
 				store->ops->txn_rollback(txn);
 			else
@@ -355,10 +368,64 @@ int idem_execute(idem_result *out, idem_store *store, const idem_request *req, i
 			break;
 		idem__retry_backoff(attempt);
 	}
-done:
+	if (rc == 0)
+		idem__cache_after_commit(store, k, req, out);
+	return rc;
+}
+
+typedef struct {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	int done, rc;
+	idem_result *out;
+	idem_error err;
+} waiter;
+
+static void wake(void *ctx, int rc, idem_result *res)
+{
+	waiter *w = ctx;
+
+	pthread_mutex_lock(&w->lock);
+	*w->out = *res;
+	memset(res, 0, sizeof(*res));
+	w->rc = rc;
+	w->err = *idem_error_last();
+	w->done = 1;
+	pthread_cond_signal(&w->cond);
+	pthread_mutex_unlock(&w->lock);
+}
+
+int idem_execute(idem_result *out, idem_store *store, const idem_request *req, idem_work_fn work,
+		 void *ctx)
+{
+	idem__key k;
+	int rc;
+
+	memset(out, 0, sizeof(*out));
+	if (store->batch) {
+		/* Group commit: queue like everyone else and wait for the COMMIT. */
+		waiter w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, out, {0}};
+
+		idem_execute_async(store, req, work, ctx, wake, &w);
+		pthread_mutex_lock(&w.lock);
+		while (!w.done)
+			pthread_cond_wait(&w.cond, &w.lock);
+		pthread_mutex_unlock(&w.lock);
+		pthread_mutex_destroy(&w.lock);
+		pthread_cond_destroy(&w.cond);
+		if (w.rc < 0)
+			idem__error_restore(&w.err);
+		return w.rc;
+	}
+	if ((rc = idem__request_key(&k, req)) < 0)
+		return rc;
+	if (!work)
+		return idem__error(IDEM_EINVAL, "idem_execute: work is required");
+	if ((rc = idem__fast_path(store, &k, req->fingerprint, out)) == 0)
+		rc = idem__execute_direct(store, &k, req, work, ctx, out);
 	if (rc > 0)
 		rc = 0;
-	count(store, req->business_type, rc, out);
+	idem__count(store, req->business_type, rc, out);
 	return rc;
 }
 
@@ -372,9 +439,9 @@ int idem_claim_begin(idem_claim **out_claim, idem_result *out, idem_store *store
 
 	*out_claim = NULL;
 	memset(out, 0, sizeof(*out));
-	if ((rc = request_key(&k, req)) < 0)
+	if ((rc = idem__request_key(&k, req)) < 0)
 		return rc;
-	if ((rc = fast_path(store, &k, req->fingerprint, out)) != 0)
+	if ((rc = idem__fast_path(store, &k, req->fingerprint, out)) != 0)
 		goto done;
 	if (!(c = calloc(1, sizeof(*c)))) {
 		rc = idem__error(IDEM_ENOMEM, "out of memory");
@@ -410,7 +477,7 @@ done:
 	free(c);
 	if (rc > 0)
 		rc = 0;
-	count(store, req->business_type, rc, out);
+	idem__count(store, req->business_type, rc, out);
 	return rc;
 }
 

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/cache.h"
 #include "idem/metrics.h"
 #include "store/store.h"
 
@@ -81,6 +82,18 @@ uint64_t idem_metrics_store_errors(idem_store *store, idem_error_class cls)
 	if ((int)cls < 0 || cls > IDEM_ECLASS_OTHER)
 		return 0;
 	return atomic_load(&store->metrics.store_errors[cls]);
+}
+
+void idem_metrics_cache(idem_store *store, idem_cache_stats *out)
+{
+	idem__cache_stats st;
+
+	idem__cache_stats_get(store->cache, &st);
+	out->hits = st.hits;
+	out->misses = st.misses;
+	out->evictions = st.evictions;
+	out->entries = st.entries;
+	out->bytes = st.bytes;
 }
 
 uint64_t idem_metrics_purged(idem_store *store)

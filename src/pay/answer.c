@@ -26,26 +26,26 @@ static const char *title_of(const char *code)
 	static const struct {
 		const char *code, *title;
 	} titles[] = {
-		{"invalid_json", "Malformed JSON"},
-		{"invalid_request", "Invalid request"},
-		{"missing_idempotency_key", "Idempotency key missing"},
-		{"invalid_idempotency_key", "Invalid idempotency key"},
-		{"unauthorized", "Unauthorized"},
-		{"invalid_signature", "Invalid signature"},
-		{"not_found", "Not found"},
-		{"unknown_merchant", "Unknown merchant"},
-		{"method_not_allowed", "Method not allowed"},
-		{"request_in_progress", "Request in progress"},
-		{"business_key_conflict", "Business key conflict"},
-		{"payment_not_refundable", "Payment not refundable"},
-		{"refund_exceeds_payment", "Refund exceeds payment"},
-		{"insufficient_balance", "Insufficient balance"},
-		{"payload_too_large", "Payload too large"},
-		{"unsupported_media_type", "Unsupported media type"},
-		{"idempotency_key_reused", "Idempotency key reused"},
-		{"amount_mismatch", "Amount mismatch"},
-		{"store_unavailable", "Store unavailable"},
-		{"internal_error", "Internal error"},
+	    {"invalid_json", "Malformed JSON"},
+	    {"invalid_request", "Invalid request"},
+	    {"missing_idempotency_key", "Idempotency key missing"},
+	    {"invalid_idempotency_key", "Invalid idempotency key"},
+	    {"unauthorized", "Unauthorized"},
+	    {"invalid_signature", "Invalid signature"},
+	    {"not_found", "Not found"},
+	    {"unknown_merchant", "Unknown merchant"},
+	    {"method_not_allowed", "Method not allowed"},
+	    {"request_in_progress", "Request in progress"},
+	    {"business_key_conflict", "Business key conflict"},
+	    {"payment_not_refundable", "Payment not refundable"},
+	    {"refund_exceeds_payment", "Refund exceeds payment"},
+	    {"insufficient_balance", "Insufficient balance"},
+	    {"payload_too_large", "Payload too large"},
+	    {"unsupported_media_type", "Unsupported media type"},
+	    {"idempotency_key_reused", "Idempotency key reused"},
+	    {"amount_mismatch", "Amount mismatch"},
+	    {"store_unavailable", "Store unavailable"},
+	    {"internal_error", "Internal error"},
 	};
 
 	for (size_t i = 0; i < sizeof(titles) / sizeof(titles[0]); i++)
@@ -55,7 +55,7 @@ static const char *title_of(const char *code)
 }
 
 int idem_pay_problem(char **out, size_t *len, int status, const char *code, const char *detail,
-		     const char *extra_name, const char *extra_value)
+                     const char *extra_name, const char *extra_value)
 {
 	char type[96];
 	json_t *obj;
@@ -70,7 +70,7 @@ int idem_pay_problem(char **out, size_t *len, int status, const char *code, cons
 		type[n + 1] = '\0';
 	}
 	obj = json_pack("{s:s, s:s, s:i, s:s, s:s}", "type", type, "title", title_of(code),
-			"status", status, "code", code, "detail", detail ? detail : "");
+	                "status", status, "code", code, "detail", detail ? detail : "");
 	if (obj && extra_name && extra_value &&
 	    json_object_set_new(obj, extra_name, json_string(extra_value)) < 0) {
 		json_decref(obj);

@@ -17,7 +17,7 @@ static const char *type_name(pay__ftype t)
 }
 
 static int parse(json_t **doc, idem_result *out, const char *body, size_t len,
-		 const pay__field *fields, size_t nfields, int key_invalid)
+                 const pay__field *fields, size_t nfields, int key_invalid)
 {
 	char detail[256];
 	json_error_t jerr;
@@ -28,19 +28,20 @@ static int parse(json_t **doc, idem_result *out, const char *body, size_t len,
 	obj = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
 	if (obj && json_is_object(obj) && key_invalid) {
 		json_decref(obj);
-		return pay__reject(out, 400, "invalid_idempotency_key",
-				   "the Idempotency-Key must be 1 to 255 printable ASCII characters "
-				   "without spaces, bare or as a quoted string");
+		return pay__reject(
+		    out, 400, "invalid_idempotency_key",
+		    "the Idempotency-Key must be 1 to 255 printable ASCII characters "
+		    "without spaces, bare or as a quoted string");
 	}
 	if (!obj) {
 		/* jansson refuses numbers it cannot hold: that is a range error. */
 		if (strstr(jerr.text, "too big") || strstr(jerr.text, "overflow")) {
 			snprintf(detail, sizeof(detail), "number out of range at column %d",
-				 jerr.column);
+			         jerr.column);
 			return pay__reject(out, 400, "invalid_request", detail);
 		}
 		snprintf(detail, sizeof(detail), "%s (line %d, column %d)", jerr.text, jerr.line,
-			 jerr.column);
+		         jerr.column);
 		return pay__reject(out, 400, "invalid_json", detail);
 	}
 	if (!json_is_object(obj)) {
@@ -62,7 +63,7 @@ static int parse(json_t **doc, idem_result *out, const char *body, size_t len,
 		    (f->type == F_INT && !json_is_integer(v)) ||
 		    (f->type == F_OBJECT && !json_is_object(v))) {
 			snprintf(detail, sizeof(detail), "'%s' must be %s", f->name,
-				 type_name(f->type));
+			         type_name(f->type));
 			goto reject;
 		}
 	}
@@ -79,7 +80,7 @@ reject:
 }
 
 int pay__parse_request(json_t **doc, idem_result *out, const idem_pay_request *rq,
-		       const pay__field *fields, size_t nfields)
+                       const pay__field *fields, size_t nfields)
 {
 	return parse(doc, out, rq->body, rq->body_len, fields, nfields, rq->key_invalid);
 }

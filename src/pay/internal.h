@@ -42,7 +42,7 @@ typedef struct {
  * the 400 answer; returns 0 either way, negative only on a hard error.
  */
 int pay__parse_request(json_t **doc, idem_result *out, const idem_pay_request *rq,
-		       const pay__field *fields, size_t nfields);
+                       const pay__field *fields, size_t nfields);
 
 /* Member helpers: NULL / 0 when absent. */
 const char *pay__str(json_t *doc, const char *name);
@@ -72,28 +72,48 @@ int pay__lock_merchant(idem_txn *txn, const char *merchant, int64_t now);
 int pay__balance(idem_txn *txn, const char *merchant, const char *currency, int64_t *out);
 /* Post amount (signed) to the balance and the ledger, under the lock. */
 int pay__post(idem_txn *txn, const char *merchant, const char *currency, int64_t amount,
-	      const char *kind, const char *ref, int64_t now);
+              const char *kind, const char *ref, int64_t now);
 
 /* ---- the pipeline ---- */
 
 /*
- * Claim (caller, business_type, key) for rq and run work atomically, or in
- * two phases when before_work is set (it runs between the committed claim and
- * the work, outside any transaction: the call to the channel). key is rq->key
- * or natural. MISMATCH and IN_PROGRESS get their problem bodies here.
+ * One write request on its way through the pipeline. Work functions get it
+ * as their ctx and read pay, rq, doc and fp; the rest is the pipeline's.
+ * It lives from idem_pay_*_async until done has been called.
  */
-int pay__run(idem_result *out, idem_pay *pay, const idem_pay_request *rq, const char *type,
-	     const char *natural, int64_t ttl_ms, idem_work_fn work, void *ctx,
-	     void (*before_work)(idem_pay *pay));
+typedef struct {
+	idem_pay *pay;
+	const idem_pay_request *rq; /* &rq_copy: the strings stay the caller's */
+	json_t *doc;                /* the parsed body */
+	char fp[IDEM_FINGERPRINT_LEN + 1];
+
+	idem_pay_request rq_copy;
+	idem_request req;
+	int backstop;    /* a 200 from the work is a backstop replay */
+	idem_result res; /* an answer given before any claim */
+	idem_done_fn done;
+	void *done_ctx;
+} pay__op;
+
+/* A new op for rq, or NULL after calling done with IDEM_ENOMEM. */
+pay__op *pay__op_new(idem_pay *pay, const idem_pay_request *rq, idem_done_fn done, void *done_ctx);
+
+/* Answer with op->res (validation) or error rc, and free op. */
+void pay__finish(pay__op *op, int rc);
 
 /*
- * The business backstop (API.md): a request new under its Idempotency-Key
- * whose natural key exists already is a replay of that resource when the
- * fingerprints match. The work answers 200 with the resource; the stored
- * answer is then replayed with 200 under both keys. A 200 from a create is
- * only ever this, so out's outcome says REPLAY for the first answer too.
+ * Claim (caller, business_type, key) and run work, where key is the
+ * Idempotency-Key or natural. Atomically through the group-commit queue, or
+ * in two phases when before_work is set (it runs between the committed claim
+ * and the work, outside any transaction: the call to the channel). Answers
+ * through op->done and frees op. backstop: see pay__op.
  */
-void pay__mark_backstop(idem_result *out);
+void pay__start(pay__op *op, const char *type, const char *natural, int64_t ttl_ms,
+                idem_work_fn work, void (*before_work)(idem_pay *pay), int backstop);
+
+/* The synchronous form of an async write: wait for its answer. */
+typedef void (*pay__async_fn)(idem_pay *, const idem_pay_request *, idem_done_fn, void *);
+int pay__wait(idem_result *out, idem_pay *pay, const idem_pay_request *rq, pay__async_fn fn);
 
 /* ---- row access ---- */
 

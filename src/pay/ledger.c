@@ -18,7 +18,7 @@ int pay__lock_merchant(idem_txn *txn, const char *merchant, int64_t now)
 
 	(void)now;
 	rc = idem_txn_exec(txn, "UPDATE merchants SET lock_version = lock_version + 1 WHERE id = ?",
-			   p, 1, &changed);
+	                   p, 1, &changed);
 	if (rc < 0)
 		return rc;
 	return changed == 1 ? 0 : IDEM_ENOTFOUND;
@@ -35,34 +35,37 @@ int pay__balance(idem_txn *txn, const char *merchant, const char *currency, int6
 	idem_value p[2] = {IDEM_V_TEXT(merchant), IDEM_V_TEXT(currency)};
 
 	*out = 0;
-	return idem_txn_query(txn, "SELECT amount FROM balances WHERE merchant_id = ? AND currency = ?",
-			      p, 2, first_int, out);
+	return idem_txn_query(txn,
+	                      "SELECT amount FROM balances WHERE merchant_id = ? AND currency = ?",
+	                      p, 2, first_int, out);
 }
 
 int pay__post(idem_txn *txn, const char *merchant, const char *currency, int64_t amount,
-	      const char *kind, const char *ref, int64_t now)
+              const char *kind, const char *ref, int64_t now)
 {
 	idem_value bal[3] = {IDEM_V_INT(amount), IDEM_V_TEXT(merchant), IDEM_V_TEXT(currency)};
 	idem_value entry[6] = {IDEM_V_TEXT(merchant), IDEM_V_TEXT(currency), IDEM_V_INT(amount),
-			       IDEM_V_TEXT(kind),     IDEM_V_TEXT(ref),      IDEM_V_INT(now)};
+	                       IDEM_V_TEXT(kind),     IDEM_V_TEXT(ref),      IDEM_V_INT(now)};
 	int64_t changed = 0;
 	int rc;
 
-	rc = idem_txn_exec(txn,
-			   "UPDATE balances SET amount = amount + ? WHERE merchant_id = ? AND currency = ?",
-			   bal, 3, &changed);
+	rc = idem_txn_exec(
+	    txn, "UPDATE balances SET amount = amount + ? WHERE merchant_id = ? AND currency = ?",
+	    bal, 3, &changed);
 	if (rc == 0 && changed == 0) {
 		/* No row yet; the merchant lock means nobody else inserts it now. */
-		idem_value ins[3] = {IDEM_V_TEXT(merchant), IDEM_V_TEXT(currency), IDEM_V_INT(amount)};
+		idem_value ins[3] = {IDEM_V_TEXT(merchant), IDEM_V_TEXT(currency),
+		                     IDEM_V_INT(amount)};
 
-		rc = idem_txn_exec(txn,
-				   "INSERT INTO balances (merchant_id, currency, amount) VALUES (?, ?, ?)",
-				   ins, 3, NULL);
+		rc = idem_txn_exec(
+		    txn, "INSERT INTO balances (merchant_id, currency, amount) VALUES (?, ?, ?)",
+		    ins, 3, NULL);
 	}
 	if (rc < 0)
 		return rc;
-	return idem_txn_exec(txn,
-			     "INSERT INTO ledger_entries (merchant_id, currency, amount, kind, ref_id,"
-			     " created_at) VALUES (?, ?, ?, ?, ?, ?)",
-			     entry, 6, NULL);
+	return idem_txn_exec(
+	    txn,
+	    "INSERT INTO ledger_entries (merchant_id, currency, amount, kind, ref_id,"
+	    " created_at) VALUES (?, ?, ?, ?, ?, ?)",
+	    entry, 6, NULL);
 }

@@ -18,7 +18,7 @@
 #include "util/error.h"
 #include "util/rand.h"
 
-#define KEY_ID_HEX 16
+#define KEY_ID_HEX     16
 #define KEY_SECRET_HEX 48
 
 int idem_pay_open(idem_pay **out, idem_store *store, const idem_pay_opts *opts)
@@ -73,12 +73,12 @@ static int insert_merchant(idem_txn *txn, void *ctx)
 {
 	merchant_new *m = ctx;
 	idem_value p[5] = {IDEM_V_TEXT(m->id), IDEM_V_TEXT(m->name), IDEM_V_TEXT(m->key_id),
-			   IDEM_V_TEXT(m->digest), IDEM_V_INT(m->now)};
+	                   IDEM_V_TEXT(m->digest), IDEM_V_INT(m->now)};
 
 	return idem_txn_exec(txn,
-			     "INSERT INTO merchants (id, name, key_id, key_digest, created_at)"
-			     " VALUES (?, ?, ?, ?, ?)",
-			     p, 5, NULL);
+	                     "INSERT INTO merchants (id, name, key_id, key_digest, created_at)"
+	                     " VALUES (?, ?, ?, ?, ?)",
+	                     p, 5, NULL);
 }
 
 static int valid_name(const char *name)
@@ -94,7 +94,7 @@ static int valid_name(const char *name)
 }
 
 int idem_pay_merchant_add(idem_pay *pay, const char *name, char id_out[IDEM_PAY_ID_SIZE],
-			  char key_out[IDEM_PAY_SECRET_SIZE])
+                          char key_out[IDEM_PAY_SECRET_SIZE])
 {
 	merchant_new m = {0};
 	char secret[KEY_SECRET_HEX + 1];
@@ -105,7 +105,8 @@ int idem_pay_merchant_add(idem_pay *pay, const char *name, char id_out[IDEM_PAY_
 		return idem__error(IDEM_EINVAL, "merchant name must be 1..100 printable bytes");
 	m.name = name;
 	m.now = pay__now(pay);
-	if ((rc = pay__new_id(m.id, "m_")) < 0 || (rc = idem__rand_hex(m.key_id, KEY_ID_HEX / 2)) < 0 ||
+	if ((rc = pay__new_id(m.id, "m_")) < 0 ||
+	    (rc = idem__rand_hex(m.key_id, KEY_ID_HEX / 2)) < 0 ||
 	    (rc = idem__rand_hex(secret, KEY_SECRET_HEX / 2)) < 0)
 		return rc;
 	snprintf(key_out, IDEM_PAY_SECRET_SIZE, "sk_%s_%s", m.key_id, secret);
@@ -131,8 +132,8 @@ static int insert_channel(idem_txn *txn, void *ctx)
 	channel_new *c = ctx;
 	idem_value p[3] = {IDEM_V_TEXT(c->name), IDEM_V_TEXT(c->secret), IDEM_V_INT(c->now)};
 
-	return idem_txn_exec(txn, "INSERT INTO channels (name, secret, created_at) VALUES (?, ?, ?)",
-			     p, 3, NULL);
+	return idem_txn_exec(
+	    txn, "INSERT INTO channels (name, secret, created_at) VALUES (?, ?, ?)", p, 3, NULL);
 }
 
 int idem_pay_channel_add(idem_pay *pay, const char *name, char secret_out[IDEM_PAY_SECRET_SIZE])
@@ -143,7 +144,7 @@ int idem_pay_channel_add(idem_pay *pay, const char *name, char secret_out[IDEM_P
 	secret_out[0] = '\0';
 	if (!pay__valid_channel_name(name))
 		return idem__error(IDEM_EINVAL, "channel name must be 1..%d of [a-z0-9_-]",
-				   IDEM_PAY_CHANNEL_MAX);
+		                   IDEM_PAY_CHANNEL_MAX);
 	if ((rc = idem__rand_hex(secret_out, 32)) < 0)
 		return rc;
 	rc = idem_store_transact(pay->store, insert_channel, &c);
@@ -166,7 +167,7 @@ int idem_pay_merchant_count(idem_pay *pay, int64_t *out)
 {
 	*out = 0;
 	return idem_store_query(pay->store, "SELECT count(*) FROM merchants", NULL, 0, first_int,
-				out);
+	                        out);
 }
 
 typedef struct {
@@ -188,7 +189,7 @@ static int read_key_row(void *ctx, const idem_value *cols, int n)
 }
 
 int idem_pay_authenticate(idem_pay *pay, const char *api_key, size_t len,
-			  char id_out[IDEM_PAY_ID_SIZE])
+                          char id_out[IDEM_PAY_ID_SIZE])
 {
 	key_row row = {0};
 	char key_id[KEY_ID_HEX + 1], digest[65];
@@ -202,8 +203,8 @@ int idem_pay_authenticate(idem_pay *pay, const char *api_key, size_t len,
 	memcpy(key_id, api_key + 3, KEY_ID_HEX);
 	key_id[KEY_ID_HEX] = '\0';
 	p[0] = IDEM_V_TEXT(key_id);
-	rc = idem_store_query(pay->store, "SELECT id, key_digest FROM merchants WHERE key_id = ?", p,
-			      1, read_key_row, &row);
+	rc = idem_store_query(pay->store, "SELECT id, key_digest FROM merchants WHERE key_id = ?",
+	                      p, 1, read_key_row, &row);
 	if (rc < 0)
 		return rc;
 	sha256_hex(digest, api_key, len);
@@ -226,9 +227,9 @@ static int unhex(unsigned char *out, const char *hex, size_t nbytes)
 	for (size_t i = 0; i < 2 * nbytes; i++) {
 		char c = hex[i];
 		int v = c >= '0' && c <= '9'   ? c - '0'
-			: c >= 'a' && c <= 'f' ? c - 'a' + 10
-			: c >= 'A' && c <= 'F' ? c - 'A' + 10
-					       : -1;
+		        : c >= 'a' && c <= 'f' ? c - 'a' + 10
+		        : c >= 'A' && c <= 'F' ? c - 'A' + 10
+		                               : -1;
 
 		if (v < 0)
 			return -1;
@@ -241,7 +242,7 @@ static int unhex(unsigned char *out, const char *hex, size_t nbytes)
 }
 
 int idem_pay_verify_signature(idem_pay *pay, const char *channel, const char *sig, size_t sig_len,
-			      const void *body, size_t len)
+                              const void *body, size_t len)
 {
 	char secret[IDEM_PAY_SECRET_SIZE] = "";
 	unsigned char want[32], got[32];
@@ -253,7 +254,7 @@ int idem_pay_verify_signature(idem_pay *pay, const char *channel, const char *si
 		return IDEM_ENOTFOUND;
 	p[0] = IDEM_V_TEXT(channel);
 	rc = idem_store_query(pay->store, "SELECT secret FROM channels WHERE name = ?", p, 1,
-			      read_secret, secret);
+	                      read_secret, secret);
 	if (rc < 0)
 		return rc;
 	if (!secret[0])

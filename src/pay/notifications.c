@@ -11,12 +11,6 @@
 #include "pay/payment.h"
 #include "util/error.h"
 
-typedef struct {
-	idem_pay *pay;
-	const idem_pay_request *rq;
-	json_t *doc;
-} notify_ctx;
-
 static int acknowledge(idem_response *resp)
 {
 	static const char ok[] = "{\"result\":\"success\"}";
@@ -26,7 +20,7 @@ static int acknowledge(idem_response *resp)
 
 static int notify_work(idem_txn *txn, void *vctx, idem_response *resp)
 {
-	notify_ctx *c = vctx;
+	pay__op *c = vctx;
 	json_t *d = c->doc;
 	const char *status = pay__str(d, "status");
 	int success = strcmp(status, "SUCCESS") == 0;
@@ -43,23 +37,23 @@ static int notify_work(idem_txn *txn, void *vctx, idem_response *resp)
 	}
 	if (pay__int(d, "amount") != p.amount) {
 		rc = pay__problem(resp, 422, "amount_mismatch",
-				  "the notified amount differs from the payment's");
+		                  "the notified amount differs from the payment's");
 		goto done;
 	}
 	{
 		idem_value v[7] = {IDEM_V_TEXT(c->rq->caller),
-				   IDEM_V_TEXT(pay__str(d, "notify_id")),
-				   IDEM_V_TEXT(p.id),
-				   IDEM_V_TEXT(pay__str(d, "channel_txn_id")),
-				   IDEM_V_TEXT(status),
-				   IDEM_V_INT(p.amount),
-				   IDEM_V_INT(now)};
+		                   IDEM_V_TEXT(pay__str(d, "notify_id")),
+		                   IDEM_V_TEXT(p.id),
+		                   IDEM_V_TEXT(pay__str(d, "channel_txn_id")),
+		                   IDEM_V_TEXT(status),
+		                   IDEM_V_INT(p.amount),
+		                   IDEM_V_INT(now)};
 
 		rc = idem_txn_exec(txn,
-				   "INSERT INTO notifications (channel, notify_id, payment_id,"
-				   " channel_txn_id, status, amount, created_at)"
-				   " VALUES (?, ?, ?, ?, ?, ?, ?)",
-				   v, 7, NULL);
+		                   "INSERT INTO notifications (channel, notify_id, payment_id,"
+		                   " channel_txn_id, status, amount, created_at)"
+		                   " VALUES (?, ?, ?, ?, ?, ?, ?)",
+		                   v, 7, NULL);
 	}
 	if (rc == IDEM_ECONFLICT) {
 		/* Delivered before under another idempotency key: already handled. */
@@ -70,13 +64,14 @@ static int notify_work(idem_txn *txn, void *vctx, idem_response *resp)
 		goto done;
 	{
 		idem_value v[4] = {IDEM_V_TEXT(success ? "succeeded" : "failed"),
-				   IDEM_V_TEXT(pay__str(d, "channel_txn_id")), IDEM_V_INT(now),
-				   IDEM_V_TEXT(p.id)};
+		                   IDEM_V_TEXT(pay__str(d, "channel_txn_id")), IDEM_V_INT(now),
+		                   IDEM_V_TEXT(p.id)};
 
-		rc = idem_txn_exec(txn,
-				   "UPDATE payments SET status = ?, channel_txn_id = ?, updated_at = ?"
-				   " WHERE id = ? AND status = 'processing'",
-				   v, 4, &changed);
+		rc = idem_txn_exec(
+		    txn,
+		    "UPDATE payments SET status = ?, channel_txn_id = ?, updated_at = ?"
+		    " WHERE id = ? AND status = 'processing'",
+		    v, 4, &changed);
 	}
 	if (rc < 0)
 		goto done;
@@ -84,7 +79,7 @@ static int notify_work(idem_txn *txn, void *vctx, idem_response *resp)
 	if (changed == 1 && success) {
 		if ((rc = pay__lock_merchant(txn, p.merchant_id, now)) < 0 ||
 		    (rc = pay__post(txn, p.merchant_id, p.currency, p.amount, "payment", p.id,
-				    now)) < 0)
+		                    now)) < 0)
 			goto done;
 	}
 	rc = acknowledge(resp);
@@ -94,45 +89,57 @@ done:
 }
 
 static const pay__field notify_fields[] = {
-	{"notify_id", F_STRING, 0},      {"payment_id", F_STRING, 1}, {"channel_txn_id", F_STRING, 1},
-	{"status", F_STRING, 1},         {"amount", F_INT, 1},
+    {"notify_id", F_STRING, 0}, {"payment_id", F_STRING, 1}, {"channel_txn_id", F_STRING, 1},
+    {"status", F_STRING, 1},    {"amount", F_INT, 1},
 };
 
-int idem_pay_notify(idem_result *out, idem_pay *pay, const idem_pay_request *rq)
+void idem_pay_notify_async(idem_pay *pay, const idem_pay_request *rq, idem_done_fn done,
+                           void *done_ctx)
 {
-	notify_ctx c = {pay, rq, NULL};
+	pay__op *c = pay__op_new(pay, rq, done, done_ctx);
 	const char *notify_id, *status, *txn_id, *payment_id;
+	idem_result *out;
 	int rc;
 
-	memset(out, 0, sizeof(*out));
-	if ((rc = pay__parse_request(&c.doc, out, rq, notify_fields,
-			     sizeof(notify_fields) / sizeof(notify_fields[0]))) < 0 ||
-	    !c.doc)
-		return rc;
-	notify_id = pay__str(c.doc, "notify_id");
-	status = pay__str(c.doc, "status");
-	txn_id = pay__str(c.doc, "channel_txn_id");
-	payment_id = pay__str(c.doc, "payment_id");
+	if (!c)
+		return;
+	out = &c->res;
+	if ((rc = pay__parse_request(&c->doc, out, rq, notify_fields,
+	                             sizeof(notify_fields) / sizeof(notify_fields[0]))) < 0 ||
+	    !c->doc) {
+		pay__finish(c, rc);
+		return;
+	}
+	notify_id = pay__str(c->doc, "notify_id");
+	status = pay__str(c->doc, "status");
+	txn_id = pay__str(c->doc, "channel_txn_id");
+	payment_id = pay__str(c->doc, "payment_id");
 	if (!notify_id && !rq->key)
 		rc = pay__reject(out, 400, "missing_idempotency_key",
-				 "send an Idempotency-Key header or a notify_id");
+		                 "send an Idempotency-Key header or a notify_id");
 	else if (!notify_id || idem_natural_key_validate(notify_id, strlen(notify_id)) < 0)
 		rc = pay__reject(out, 400, "invalid_request",
-				 "'notify_id' must be 1..64 of A-Z a-z 0-9 _ - .");
+		                 "'notify_id' must be 1..64 of A-Z a-z 0-9 _ - .");
 	else if (idem_natural_key_validate(txn_id, strlen(txn_id)) < 0)
 		rc = pay__reject(out, 400, "invalid_request",
-				 "'channel_txn_id' must be 1..64 of A-Z a-z 0-9 _ - .");
+		                 "'channel_txn_id' must be 1..64 of A-Z a-z 0-9 _ - .");
 	else if (idem_natural_key_validate(payment_id, strlen(payment_id)) < 0)
 		rc = pay__reject(out, 400, "invalid_request", "'payment_id' is malformed");
 	else if (strcmp(status, "SUCCESS") != 0 && strcmp(status, "FAILED") != 0)
+		rc = pay__reject(out, 400, "invalid_request", "'status' must be SUCCESS or FAILED");
+	else if (!pay__valid_amount(pay__int(c->doc, "amount")))
 		rc = pay__reject(out, 400, "invalid_request",
-				 "'status' must be SUCCESS or FAILED");
-	else if (!pay__valid_amount(pay__int(c.doc, "amount")))
-		rc = pay__reject(out, 400, "invalid_request",
-				 "'amount' must be an integer from 1 to 10^15 minor units");
-	else
-		rc = pay__run(out, pay, rq, "notification", notify_id,
-			      pay->opts.notification_ttl_ms, notify_work, &c, NULL);
-	json_decref(c.doc);
-	return rc;
+		                 "'amount' must be an integer from 1 to 10^15 minor units");
+	else if ((rc = idem_fingerprint(c->fp, rq->method, rq->path, rq->body, rq->body_len)) ==
+	         0) {
+		pay__start(c, "notification", notify_id, pay->opts.notification_ttl_ms, notify_work,
+		           NULL, 0);
+		return;
+	}
+	pay__finish(c, rc);
+}
+
+int idem_pay_notify(idem_result *out, idem_pay *pay, const idem_pay_request *rq)
+{
+	return pay__wait(out, pay, rq, idem_pay_notify_async);
 }

@@ -25,10 +25,10 @@ void pay__payment_clear(pay__payment *p);
 /* Load a payment by id (merchant may be NULL: any merchant) inside txn, or
  * on a read connection when txn is NULL. Sets p->found. */
 int pay__payment_load(idem_pay *pay, idem_txn *txn, pay__payment *p, const char *merchant,
-		      const char *id);
+                      const char *id);
 /* The same by (merchant, merchant_order_no). */
-int pay__payment_load_by_order(idem_pay *pay, idem_txn *txn, pay__payment *p,
-			       const char *merchant, const char *order_no);
+int pay__payment_load_by_order(idem_pay *pay, idem_txn *txn, pay__payment *p, const char *merchant,
+                               const char *order_no);
 
 /* The API object of a payment (new reference). */
 json_t *pay__payment_object(const pay__payment *p);

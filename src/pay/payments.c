@@ -12,8 +12,8 @@
 #include "util/clock.h"
 #include "util/error.h"
 
-#define PAYMENT_COLS                                                                         \
-	"id, merchant_id, merchant_order_no, amount, currency, channel, description, "      \
+#define PAYMENT_COLS                                                                               \
+	"id, merchant_id, merchant_order_no, amount, currency, channel, description, "             \
 	"metadata, status, refunded_amount, fingerprint, created_at, updated_at"
 
 void pay__payment_clear(pay__payment *p)
@@ -63,39 +63,40 @@ static int payment_row(void *ctx, const idem_value *c, int n)
 }
 
 static int load(idem_pay *pay, idem_txn *txn, pay__payment *p, const char *sql,
-		const idem_value *params, int n)
+                const idem_value *params, int n)
 {
 	int rc;
 
 	pay__payment_clear(p);
 	rc = txn ? idem_txn_query(txn, sql, params, n, payment_row, p)
-		 : idem_store_query(pay->store, sql, params, n, payment_row, p);
+	         : idem_store_query(pay->store, sql, params, n, payment_row, p);
 	if (rc < 0)
 		pay__payment_clear(p);
 	return rc;
 }
 
 int pay__payment_load(idem_pay *pay, idem_txn *txn, pay__payment *p, const char *merchant,
-		      const char *id)
+                      const char *id)
 {
 	idem_value prm[2] = {IDEM_V_TEXT(id), IDEM_V_TEXT(merchant ? merchant : "")};
 
 	if (merchant)
 		return load(pay, txn, p,
-			    "SELECT " PAYMENT_COLS " FROM payments WHERE id = ? AND merchant_id = ?",
-			    prm, 2);
+		            "SELECT " PAYMENT_COLS
+		            " FROM payments WHERE id = ? AND merchant_id = ?",
+		            prm, 2);
 	return load(pay, txn, p, "SELECT " PAYMENT_COLS " FROM payments WHERE id = ?", prm, 1);
 }
 
-int pay__payment_load_by_order(idem_pay *pay, idem_txn *txn, pay__payment *p,
-			       const char *merchant, const char *order_no)
+int pay__payment_load_by_order(idem_pay *pay, idem_txn *txn, pay__payment *p, const char *merchant,
+                               const char *order_no)
 {
 	idem_value prm[2] = {IDEM_V_TEXT(merchant), IDEM_V_TEXT(order_no)};
 
 	return load(pay, txn, p,
-		    "SELECT " PAYMENT_COLS
-		    " FROM payments WHERE merchant_id = ? AND merchant_order_no = ?",
-		    prm, 2);
+	            "SELECT " PAYMENT_COLS
+	            " FROM payments WHERE merchant_id = ? AND merchant_order_no = ?",
+	            prm, 2);
 }
 
 json_t *pay__payment_object(const pay__payment *p)
@@ -108,16 +109,16 @@ json_t *pay__payment_object(const pay__payment *p)
 	if (p->metadata)
 		meta = json_loads(p->metadata, 0, NULL);
 	return json_pack("{s:s, s:s, s:s, s:I, s:s, s:s, s:s, s:I, s:s?, s:o?, s:s, s:s}", "id",
-			 p->id, "object", "payment", "merchant_order_no", p->order_no, "amount",
-			 (json_int_t)p->amount, "currency", p->currency, "channel", p->channel,
-			 "status", p->status, "refunded_amount", (json_int_t)p->refunded,
-			 "description", p->description, "metadata", meta, "created_at", created,
-			 "updated_at", updated);
+	                 p->id, "object", "payment", "merchant_order_no", p->order_no, "amount",
+	                 (json_int_t)p->amount, "currency", p->currency, "channel", p->channel,
+	                 "status", p->status, "refunded_amount", (json_int_t)p->refunded,
+	                 "description", p->description, "metadata", meta, "created_at", created,
+	                 "updated_at", updated);
 }
 
 /* The answer for an existing resource: 200 of it, or 409 with its id. */
 static int backstop(idem_response *resp, json_t *existing, const char *existing_id,
-		    const char *existing_fp, const char *fp, const char *what)
+                    const char *existing_fp, const char *fp, const char *what)
 {
 	char detail[160], *body = NULL;
 	size_t len = 0;
@@ -127,19 +128,12 @@ static int backstop(idem_response *resp, json_t *existing, const char *existing_
 		return pay__json(resp, 200, existing);
 	snprintf(detail, sizeof(detail), "a different %s already uses this business key", what);
 	if ((rc = idem_pay_problem(&body, &len, 409, "business_key_conflict", detail, "existing_id",
-				   existing_id)) < 0)
+	                           existing_id)) < 0)
 		return rc;
 	rc = idem_response_set(resp, 409, body, len);
 	free(body);
 	return rc;
 }
-
-typedef struct {
-	idem_pay *pay;
-	const idem_pay_request *rq;
-	json_t *doc;
-	char fp[IDEM_FINGERPRINT_LEN + 1];
-} create_ctx;
 
 static int count_row(void *ctx, const idem_value *cols, int n)
 {
@@ -149,7 +143,7 @@ static int count_row(void *ctx, const idem_value *cols, int n)
 
 static int create_payment_work(idem_txn *txn, void *vctx, idem_response *resp)
 {
-	create_ctx *c = vctx;
+	pay__op *c = vctx;
 	json_t *d = c->doc, *meta = json_object_get(d, "metadata"), *obj = NULL;
 	const char *channel = pay__str(d, "channel");
 	char *meta_text = NULL;
@@ -159,7 +153,7 @@ static int create_payment_work(idem_txn *txn, void *vctx, idem_response *resp)
 	int rc;
 
 	rc = idem_txn_query(txn, "SELECT count(*) FROM channels WHERE name = ?", cp, 1, count_row,
-			    &channels);
+	                    &channels);
 	if (rc < 0)
 		goto done;
 	if (channels == 0) {
@@ -176,30 +170,31 @@ static int create_payment_work(idem_txn *txn, void *vctx, idem_response *resp)
 	{
 		const char *desc = pay__str(d, "description");
 		idem_value v[11] = {
-			IDEM_V_TEXT(p.id),
-			IDEM_V_TEXT(c->rq->caller),
-			IDEM_V_TEXT(pay__str(d, "merchant_order_no")),
-			IDEM_V_INT(pay__int(d, "amount")),
-			IDEM_V_TEXT(pay__str(d, "currency")),
-			IDEM_V_TEXT(channel),
-			desc ? IDEM_V_TEXT(desc) : IDEM_V_NULL,
-			meta_text ? IDEM_V_TEXT(meta_text) : IDEM_V_NULL,
-			IDEM_V_TEXT(c->fp),
-			IDEM_V_INT(now),
-			IDEM_V_INT(now),
+		    IDEM_V_TEXT(p.id),
+		    IDEM_V_TEXT(c->rq->caller),
+		    IDEM_V_TEXT(pay__str(d, "merchant_order_no")),
+		    IDEM_V_INT(pay__int(d, "amount")),
+		    IDEM_V_TEXT(pay__str(d, "currency")),
+		    IDEM_V_TEXT(channel),
+		    desc ? IDEM_V_TEXT(desc) : IDEM_V_NULL,
+		    meta_text ? IDEM_V_TEXT(meta_text) : IDEM_V_NULL,
+		    IDEM_V_TEXT(c->fp),
+		    IDEM_V_INT(now),
+		    IDEM_V_INT(now),
 		};
 
-		rc = idem_txn_exec(txn,
-				   "INSERT INTO payments (id, merchant_id, merchant_order_no, amount,"
-				   " currency, channel, description, metadata, status, refunded_amount,"
-				   " fingerprint, created_at, updated_at)"
-				   " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'processing', 0, ?, ?, ?)",
-				   v, 11, NULL);
+		rc = idem_txn_exec(
+		    txn,
+		    "INSERT INTO payments (id, merchant_id, merchant_order_no, amount,"
+		    " currency, channel, description, metadata, status, refunded_amount,"
+		    " fingerprint, created_at, updated_at)"
+		    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'processing', 0, ?, ?, ?)",
+		    v, 11, NULL);
 	}
 	if (rc == IDEM_ECONFLICT) {
 		/* The order number exists under another idempotency key. */
 		rc = pay__payment_load_by_order(c->pay, txn, &p, c->rq->caller,
-						pay__str(d, "merchant_order_no"));
+		                                pay__str(d, "merchant_order_no"));
 		if (rc < 0)
 			goto done;
 		if (!p.found) {
@@ -244,54 +239,65 @@ static void call_mock_channel(idem_pay *pay)
 }
 
 static const pay__field payment_fields[] = {
-	{"merchant_order_no", F_STRING, 0}, {"amount", F_INT, 1},      {"currency", F_STRING, 1},
-	{"channel", F_STRING, 1},           {"description", F_STRING, 0}, {"metadata", F_OBJECT, 0},
+    {"merchant_order_no", F_STRING, 0}, {"amount", F_INT, 1},         {"currency", F_STRING, 1},
+    {"channel", F_STRING, 1},           {"description", F_STRING, 0}, {"metadata", F_OBJECT, 0},
 };
 
-int idem_pay_create_payment(idem_result *out, idem_pay *pay, const idem_pay_request *rq)
+void idem_pay_create_payment_async(idem_pay *pay, const idem_pay_request *rq, idem_done_fn done,
+                                   void *done_ctx)
 {
-	create_ctx c = {pay, rq, NULL, ""};
+	pay__op *c = pay__op_new(pay, rq, done, done_ctx);
+	idem_result *out;
 	const char *order_no, *desc;
 	int rc;
 
-	memset(out, 0, sizeof(*out));
-	if ((rc = pay__parse_request(&c.doc, out, rq, payment_fields,
-			     sizeof(payment_fields) / sizeof(payment_fields[0]))) < 0 ||
-	    !c.doc)
-		return rc;
-	order_no = pay__str(c.doc, "merchant_order_no");
-	desc = pay__str(c.doc, "description");
+	if (!c)
+		return;
+	out = &c->res;
+	if ((rc = pay__parse_request(&c->doc, out, rq, payment_fields,
+	                             sizeof(payment_fields) / sizeof(payment_fields[0]))) < 0 ||
+	    !c->doc) {
+		pay__finish(c, rc);
+		return;
+	}
+	order_no = pay__str(c->doc, "merchant_order_no");
+	desc = pay__str(c->doc, "description");
 	if (!order_no && !rq->key)
 		rc = pay__reject(out, 400, "missing_idempotency_key",
-				 "send an Idempotency-Key header or a merchant_order_no");
+		                 "send an Idempotency-Key header or a merchant_order_no");
 	else if (!order_no)
 		rc = pay__reject(out, 400, "invalid_request", "'merchant_order_no' is required");
 	else if (idem_natural_key_validate(order_no, strlen(order_no)) < 0)
 		rc = pay__reject(out, 400, "invalid_request",
-				 "'merchant_order_no' must be 1..64 of A-Z a-z 0-9 _ - .");
-	else if (!pay__valid_amount(pay__int(c.doc, "amount")))
+		                 "'merchant_order_no' must be 1..64 of A-Z a-z 0-9 _ - .");
+	else if (!pay__valid_amount(pay__int(c->doc, "amount")))
 		rc = pay__reject(out, 400, "invalid_request",
-				 "'amount' must be an integer from 1 to 10^15 minor units");
-	else if (!pay__valid_currency(pay__str(c.doc, "currency")))
+		                 "'amount' must be an integer from 1 to 10^15 minor units");
+	else if (!pay__valid_currency(pay__str(c->doc, "currency")))
 		rc = pay__reject(out, 400, "invalid_request",
-				 "'currency' must be three upper-case letters");
-	else if (!pay__valid_channel_name(pay__str(c.doc, "channel")))
+		                 "'currency' must be three upper-case letters");
+	else if (!pay__valid_channel_name(pay__str(c->doc, "channel")))
 		rc = pay__reject(out, 400, "invalid_request",
-				 "'channel' must be 1..32 of a-z 0-9 _ -");
+		                 "'channel' must be 1..32 of a-z 0-9 _ -");
 	else if (desc && strlen(desc) > 255)
 		rc = pay__reject(out, 400, "invalid_request",
-				 "'description' must be at most 255 bytes");
-	else if ((rc = idem_fingerprint(c.fp, rq->method, rq->path, rq->body, rq->body_len)) == 0)
-		rc = pay__run(out, pay, rq, "payment", order_no, pay->opts.ttl_ms,
-			      create_payment_work, &c,
-			      pay->opts.mock_channel_delay_ms > 0 &&
-					      strcmp(pay__str(c.doc, "channel"), "mock") == 0
-				      ? call_mock_channel
-				      : NULL);
-	if (rc == 0)
-		pay__mark_backstop(out);
-	json_decref(c.doc);
-	return rc;
+		                 "'description' must be at most 255 bytes");
+	else if ((rc = idem_fingerprint(c->fp, rq->method, rq->path, rq->body, rq->body_len)) ==
+	         0) {
+		pay__start(c, "payment", order_no, pay->opts.ttl_ms, create_payment_work,
+		           pay->opts.mock_channel_delay_ms > 0 &&
+		                   strcmp(pay__str(c->doc, "channel"), "mock") == 0
+		               ? call_mock_channel
+		               : NULL,
+		           1);
+		return;
+	}
+	pay__finish(c, rc);
+}
+
+int idem_pay_create_payment(idem_result *out, idem_pay *pay, const idem_pay_request *rq)
+{
+	return pay__wait(out, pay, rq, idem_pay_create_payment_async);
 }
 
 static int answer_payment(idem_result *out, pay__payment *p)
@@ -328,7 +334,7 @@ int idem_pay_get_payment(idem_result *out, idem_pay *pay, const char *merchant, 
 }
 
 int idem_pay_find_payment(idem_result *out, idem_pay *pay, const char *merchant,
-			  const char *merchant_order_no)
+                          const char *merchant_order_no)
 {
 	pay__payment p = {0};
 	int rc;
@@ -336,7 +342,7 @@ int idem_pay_find_payment(idem_result *out, idem_pay *pay, const char *merchant,
 	memset(out, 0, sizeof(*out));
 	if (idem_natural_key_validate(merchant_order_no, strlen(merchant_order_no)) < 0)
 		return pay__reject(out, 400, "invalid_request",
-				   "'merchant_order_no' must be 1..64 of A-Z a-z 0-9 _ - .");
+		                   "'merchant_order_no' must be 1..64 of A-Z a-z 0-9 _ - .");
 	if ((rc = pay__payment_load_by_order(pay, NULL, &p, merchant, merchant_order_no)) == 0)
 		rc = answer_payment(out, &p);
 	pay__payment_clear(&p);

@@ -1,66 +1,155 @@
 /*
  * pay/pipeline.c: the path every write takes once its body is valid:
- * fingerprint, key (header or natural), claim, and the work, atomically or
- * in two phases. Duplicates get their answers here; errors stay errors.
+ * fingerprint, key (header or natural), claim, and the work, atomically
+ * (queued for group commit, answered after the COMMIT) or in two phases.
+ * Duplicates get their answers here; errors stay errors.
  */
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "pay/internal.h"
 #include "util/error.h"
 
-void pay__mark_backstop(idem_result *out)
+pay__op *pay__op_new(idem_pay *pay, const idem_pay_request *rq, idem_done_fn done, void *done_ctx)
 {
-	if (out->outcome == IDEM_FIRST && out->stored && out->http_status == 200)
-		out->outcome = IDEM_REPLAY;
+	pay__op *op = calloc(1, sizeof(*op));
+
+	if (!op) {
+		idem_result none = {0};
+
+		done(done_ctx, idem__error(IDEM_ENOMEM, "out of memory"), &none);
+		return NULL;
+	}
+	op->pay = pay;
+	op->rq_copy = *rq;
+	op->rq = &op->rq_copy;
+	op->done = done;
+	op->done_ctx = done_ctx;
+	return op;
 }
 
-int pay__run(idem_result *out, idem_pay *pay, const idem_pay_request *rq, const char *type,
-	     const char *natural, int64_t ttl_ms, idem_work_fn work, void *ctx,
-	     void (*before_work)(idem_pay *pay))
+void pay__finish(pay__op *op, int rc)
 {
-	idem_request req = IDEM_REQUEST_INIT;
+	if (rc > 0)
+		rc = 0;
+	op->done(op->done_ctx, rc, &op->res);
+	idem_result_clear(&op->res);
+	json_decref(op->doc);
+	free(op);
+}
+
+/* Give duplicates their problem bodies; mark backstop replays. */
+static int dress(pay__op *op, idem_result *out)
+{
+	idem_response r = {0, NULL, 0, 0};
+	int rc = 0;
+
+	if (out->outcome == IDEM_MISMATCH)
+		rc = pay__problem(&r, 422, "idempotency_key_reused",
+		                  "this idempotency key was used with a different request");
+	else if (out->outcome == IDEM_IN_PROGRESS)
+		rc = pay__problem(&r, 409, "request_in_progress",
+		                  "a request with this idempotency key is still being processed");
+	if (r.body) {
+		free(out->body);
+		out->http_status = r.http_status;
+		out->body = r.body;
+		out->body_len = r.body_len;
+	}
+	/*
+	 * The business backstop (API.md): a request new under its key whose
+	 * natural key exists is a replay of that resource. Creates answer 201,
+	 * so a stored 200 from one of them is only ever this.
+	 */
+	if (op->backstop && out->outcome == IDEM_FIRST && out->stored && out->http_status == 200)
+		out->outcome = IDEM_REPLAY;
+	return rc;
+}
+
+static void on_done(void *ctx, int rc, idem_result *res)
+{
+	pay__op *op = ctx;
+
+	if (rc == 0)
+		rc = dress(op, res);
+	idem_result_clear(&op->res);
+	op->res = *res;
+	memset(res, 0, sizeof(*res));
+	pay__finish(op, rc);
+}
+
+void pay__start(pay__op *op, const char *type, const char *natural, int64_t ttl_ms,
+                idem_work_fn work, void (*before_work)(idem_pay *pay), int backstop)
+{
+	const idem_pay_request *rq = op->rq;
 	idem_claim *claim = NULL;
-	char fp[IDEM_FINGERPRINT_LEN + 1];
+	idem_result res = {0};
 	int rc;
 
-	if ((rc = idem_fingerprint(fp, rq->method, rq->path, rq->body, rq->body_len)) < 0)
-		return rc;
-	req.scope = rq->caller;
-	req.business_type = type;
-	req.key = rq->key ? rq->key : natural;
-	req.key_len = rq->key ? rq->key_len : strlen(natural);
-	req.fingerprint = fp;
-	req.ttl_ms = ttl_ms;
-
+	op->backstop = backstop;
+	op->req = (idem_request)IDEM_REQUEST_INIT;
+	op->req.scope = rq->caller;
+	op->req.business_type = type;
+	op->req.key = rq->key ? rq->key : natural;
+	op->req.key_len = rq->key ? rq->key_len : strlen(natural);
+	op->req.fingerprint = op->fp;
+	op->req.ttl_ms = ttl_ms;
 	if (!before_work) {
-		rc = idem_execute(out, pay->store, &req, work, ctx);
-	} else if ((rc = idem_claim_begin(&claim, out, pay->store, &req)) == 0 && claim) {
-		before_work(pay);
-		rc = idem_claim_finish(out, claim, work, ctx);
+		idem_execute_async(op->pay->store, &op->req, work, op, on_done, op);
+		return;
+	}
+	/* Two phases: the claim commits PROCESSING, the channel is called with no
+	 * transaction open, and the work lands with the completion. */
+	if ((rc = idem_claim_begin(&claim, &res, op->pay->store, &op->req)) == 0 && claim) {
+		idem_result_clear(&res);
+		before_work(op->pay);
+		rc = idem_claim_finish(&res, claim, work, op);
 		if (rc < 0 && rc != IDEM_ELEASE)
 			idem_claim_abort(claim); /* best effort; else the lease runs out */
-		if (rc == IDEM_ELEASE) /* someone took over: they answer; ask to retry */
+		if (rc == IDEM_ELEASE) /* someone took over and will answer: ask to retry */
 			rc = idem__error(IDEM_ERETRY, "lease lost while calling the channel");
 		idem_claim_free(claim);
 	}
-	if (rc < 0)
-		return rc;
-	if (out->outcome == IDEM_MISMATCH) {
-		idem_response r = {0, NULL, 0, 0};
+	on_done(op, rc, &res);
+	idem_result_clear(&res);
+}
 
-		rc = pay__problem(&r, 422, "idempotency_key_reused",
-				  "this idempotency key was used with a different request");
-		out->http_status = r.http_status;
-		out->body = r.body;
-		out->body_len = r.body_len;
-	} else if (out->outcome == IDEM_IN_PROGRESS) {
-		idem_response r = {0, NULL, 0, 0};
+typedef struct {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	int done, rc;
+	idem_result *out;
+	idem_error err;
+} waiter;
 
-		rc = pay__problem(&r, 409, "request_in_progress",
-				  "a request with this idempotency key is still being processed");
-		out->http_status = r.http_status;
-		out->body = r.body;
-		out->body_len = r.body_len;
-	}
-	return rc;
+static void wake(void *ctx, int rc, idem_result *res)
+{
+	waiter *w = ctx;
+
+	pthread_mutex_lock(&w->lock);
+	*w->out = *res;
+	memset(res, 0, sizeof(*res));
+	w->rc = rc;
+	w->err = *idem_error_last();
+	w->done = 1;
+	pthread_cond_signal(&w->cond);
+	pthread_mutex_unlock(&w->lock);
+}
+
+int pay__wait(idem_result *out, idem_pay *pay, const idem_pay_request *rq, pay__async_fn fn)
+{
+	waiter w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, out, {0}};
+
+	memset(out, 0, sizeof(*out));
+	fn(pay, rq, wake, &w);
+	pthread_mutex_lock(&w.lock);
+	while (!w.done)
+		pthread_cond_wait(&w.cond, &w.lock);
+	pthread_mutex_unlock(&w.lock);
+	pthread_mutex_destroy(&w.lock);
+	pthread_cond_destroy(&w.cond);
+	if (w.rc < 0)
+		idem__error_restore(&w.err);
+	return w.rc;
 }

@@ -35,7 +35,7 @@ static int balance_row(void *ctx, const idem_value *c, int n)
 		return idem__error(IDEM_ESTORE, "balance row has %d columns", n);
 	pay__col_text(currency, sizeof(currency), &c[0]);
 	if (json_array_append_new(ctx, json_pack("{s:s, s:I}", "currency", currency, "amount",
-						 (json_int_t)c[1].i)) < 0)
+	                                         (json_int_t)c[1].i)) < 0)
 		return idem__error(IDEM_ENOMEM, "out of memory");
 	return 0;
 }
@@ -50,9 +50,9 @@ int idem_pay_get_balance(idem_result *out, idem_pay *pay, const char *merchant)
 	if (!list)
 		return idem__error(IDEM_ENOMEM, "out of memory");
 	rc = idem_store_query(pay->store,
-			      "SELECT currency, amount FROM balances WHERE merchant_id = ?"
-			      " ORDER BY currency",
-			      p, 1, balance_row, list);
+	                      "SELECT currency, amount FROM balances WHERE merchant_id = ?"
+	                      " ORDER BY currency",
+	                      p, 1, balance_row, list);
 	if (rc < 0) {
 		json_decref(list);
 		return rc;
@@ -61,7 +61,7 @@ int idem_pay_get_balance(idem_result *out, idem_pay *pay, const char *merchant)
 }
 
 int idem_pay_get_record(idem_result *out, idem_pay *pay, const char *merchant,
-			const char *business_type, const char *key, size_t key_len)
+                        const char *business_type, const char *key, size_t key_len)
 {
 	idem_record_info info;
 	char created[32], expires[32], *k = NULL;
@@ -81,10 +81,10 @@ int idem_pay_get_record(idem_result *out, idem_pay *pay, const char *merchant,
 		return idem__error(IDEM_ENOMEM, "out of memory");
 	}
 	obj = json_pack("{s:s, s:s, s:s, s:o, s:s, s:s, s:s}", "business_type", business_type,
-			"key", k, "status", info.status, "http_status",
-			info.http_status ? json_integer(info.http_status) : json_null(),
-			"fingerprint", info.fingerprint, "created_at", created, "expires_at",
-			expires);
+	                "key", k, "status", info.status, "http_status",
+	                info.http_status ? json_integer(info.http_status) : json_null(),
+	                "fingerprint", info.fingerprint, "created_at", created, "expires_at",
+	                expires);
 	free(k);
 	idem_record_info_clear(&info);
 	return answer(out, obj);

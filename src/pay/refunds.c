@@ -13,13 +13,6 @@
 #include "util/error.h"
 
 typedef struct {
-	idem_pay *pay;
-	const idem_pay_request *rq;
-	json_t *doc;
-	char fp[IDEM_FINGERPRINT_LEN + 1];
-} refund_ctx;
-
-typedef struct {
 	char id[IDEM_PAY_ID_SIZE];
 	char fingerprint[IDEM_FINGERPRINT_LEN + 1];
 	char payment_id[IDEM_PAY_ID_SIZE];
@@ -57,14 +50,13 @@ static json_t *refund_object(const refund_row *r)
 
 	pay__time(created, r->created_at);
 	return json_pack("{s:s, s:s, s:s, s:s, s:I, s:s, s:s?, s:s, s:s}", "id", r->id, "object",
-			 "refund", "refund_request_no", r->request_no, "payment_id", r->payment_id,
-			 "amount", (json_int_t)r->amount, "currency", r->currency, "reason",
-			 r->has_reason ? r->reason : NULL, "status", r->status, "created_at",
-			 created);
+	                 "refund", "refund_request_no", r->request_no, "payment_id", r->payment_id,
+	                 "amount", (json_int_t)r->amount, "currency", r->currency, "reason",
+	                 r->has_reason ? r->reason : NULL, "status", r->status, "created_at",
+	                 created);
 }
 
-static int load_refund(idem_txn *txn, refund_row *r, const char *sql, const char *a,
-		       const char *b)
+static int load_refund(idem_txn *txn, refund_row *r, const char *sql, const char *a, const char *b)
 {
 	idem_value p[2] = {IDEM_V_TEXT(a), IDEM_V_TEXT(b)};
 
@@ -72,8 +64,8 @@ static int load_refund(idem_txn *txn, refund_row *r, const char *sql, const char
 	return idem_txn_query(txn, sql, p, 2, read_refund, r);
 }
 
-#define REFUND_COLS                                                                          \
-	"SELECT id, refund_request_no, payment_id, amount, currency, reason, status, "      \
+#define REFUND_COLS                                                                                \
+	"SELECT id, refund_request_no, payment_id, amount, currency, reason, status, "             \
 	"fingerprint, created_at FROM refunds "
 
 static int answer_row(idem_response *resp, int status, const refund_row *r)
@@ -90,7 +82,7 @@ static int answer_row(idem_response *resp, int status, const refund_row *r)
 
 static int refund_work(idem_txn *txn, void *vctx, idem_response *resp)
 {
-	refund_ctx *c = vctx;
+	pay__op *c = vctx;
 	json_t *d = c->doc;
 	const char *merchant = c->rq->caller, *reason = pay__str(d, "reason");
 	int64_t amount = pay__int(d, "amount"), now = pay__now(c->pay), balance = 0, changed = 0;
@@ -104,8 +96,9 @@ static int refund_work(idem_txn *txn, void *vctx, idem_response *resp)
 	/* Backstop first: a refund under this request number exists already.
 	 * A read can decide this here because every refund of the merchant
 	 * holds the merchant's lock; the unique index stays the last word. */
-	if ((rc = load_refund(txn, &r, REFUND_COLS "WHERE merchant_id = ? AND refund_request_no = ?",
-			      merchant, pay__str(d, "refund_request_no"))) < 0)
+	if ((rc =
+	         load_refund(txn, &r, REFUND_COLS "WHERE merchant_id = ? AND refund_request_no = ?",
+	                     merchant, pay__str(d, "refund_request_no"))) < 0)
 		goto done;
 	if (r.found) {
 		char *body = NULL;
@@ -116,8 +109,8 @@ static int refund_work(idem_txn *txn, void *vctx, idem_response *resp)
 			goto done;
 		}
 		rc = idem_pay_problem(&body, &len, 409, "business_key_conflict",
-				      "a different refund already uses this refund_request_no",
-				      "existing_id", r.id);
+		                      "a different refund already uses this refund_request_no",
+		                      "existing_id", r.id);
 		if (rc == 0)
 			rc = idem_response_set(resp, 409, body, len);
 		free(body);
@@ -132,65 +125,65 @@ static int refund_work(idem_txn *txn, void *vctx, idem_response *resp)
 	}
 	if (strcmp(p.status, "succeeded") != 0 && strcmp(p.status, "partially_refunded") != 0) {
 		rc = pay__problem(resp, 409, "payment_not_refundable",
-				  "only a succeeded or partially refunded payment can be refunded");
+		                  "only a succeeded or partially refunded payment can be refunded");
 		goto done;
 	}
 	if (amount > p.amount - p.refunded) {
 		rc = pay__problem(resp, 409, "refund_exceeds_payment",
-				  "the refunds would exceed the amount paid");
+		                  "the refunds would exceed the amount paid");
 		goto done;
 	}
 	if ((rc = pay__balance(txn, merchant, p.currency, &balance)) < 0)
 		goto done;
 	if (balance < amount) {
 		rc = pay__problem(resp, 409, "insufficient_balance",
-				  "the merchant's balance cannot cover this refund");
+		                  "the merchant's balance cannot cover this refund");
 		goto done;
 	}
 	if ((rc = pay__new_id(r.id, "re_")) < 0)
 		goto done;
 	{
 		idem_value v[9] = {IDEM_V_TEXT(r.id),
-				   IDEM_V_TEXT(merchant),
-				   IDEM_V_TEXT(pay__str(d, "refund_request_no")),
-				   IDEM_V_TEXT(p.id),
-				   IDEM_V_INT(amount),
-				   IDEM_V_TEXT(p.currency),
-				   reason ? IDEM_V_TEXT(reason) : IDEM_V_NULL,
-				   IDEM_V_TEXT(c->fp),
-				   IDEM_V_INT(now)};
+		                   IDEM_V_TEXT(merchant),
+		                   IDEM_V_TEXT(pay__str(d, "refund_request_no")),
+		                   IDEM_V_TEXT(p.id),
+		                   IDEM_V_INT(amount),
+		                   IDEM_V_TEXT(p.currency),
+		                   reason ? IDEM_V_TEXT(reason) : IDEM_V_NULL,
+		                   IDEM_V_TEXT(c->fp),
+		                   IDEM_V_INT(now)};
 
 		rc = idem_txn_exec(txn,
-				   "INSERT INTO refunds (id, merchant_id, refund_request_no,"
-				   " payment_id, amount, currency, reason, status, fingerprint,"
-				   " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, 'succeeded', ?, ?)",
-				   v, 9, NULL);
+		                   "INSERT INTO refunds (id, merchant_id, refund_request_no,"
+		                   " payment_id, amount, currency, reason, status, fingerprint,"
+		                   " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, 'succeeded', ?, ?)",
+		                   v, 9, NULL);
 	}
 	if (rc < 0)
 		goto done;
 	{
 		idem_value v[5] = {IDEM_V_INT(amount), IDEM_V_INT(amount), IDEM_V_INT(now),
-				   IDEM_V_TEXT(p.id), IDEM_V_INT(amount)};
+		                   IDEM_V_TEXT(p.id), IDEM_V_INT(amount)};
 
-		rc = idem_txn_exec(txn,
-				   "UPDATE payments SET refunded_amount = refunded_amount + ?,"
-				   " status = CASE WHEN refunded_amount + ? = amount THEN 'refunded'"
-				   " ELSE 'partially_refunded' END, updated_at = ?"
-				   " WHERE id = ? AND status IN ('succeeded', 'partially_refunded')"
-				   " AND refunded_amount + ? <= amount",
-				   v, 5, &changed);
+		rc =
+		    idem_txn_exec(txn,
+		                  "UPDATE payments SET refunded_amount = refunded_amount + ?,"
+		                  " status = CASE WHEN refunded_amount + ? = amount THEN 'refunded'"
+		                  " ELSE 'partially_refunded' END, updated_at = ?"
+		                  " WHERE id = ? AND status IN ('succeeded', 'partially_refunded')"
+		                  " AND refunded_amount + ? <= amount",
+		                  v, 5, &changed);
 	}
 	if (rc == 0 && changed != 1)
 		rc = idem__error(IDEM_ERETRY, "payment changed during refund");
-	if (rc < 0 ||
-	    (rc = pay__post(txn, merchant, p.currency, -amount, "refund", r.id, now)) < 0)
+	if (rc < 0 || (rc = pay__post(txn, merchant, p.currency, -amount, "refund", r.id, now)) < 0)
 		goto done;
 	{
 		char id[IDEM_PAY_ID_SIZE];
 
 		memcpy(id, r.id, sizeof(id)); /* load clears r */
 		if ((rc = load_refund(txn, &r, REFUND_COLS "WHERE id = ? AND merchant_id = ?", id,
-				      merchant)) < 0)
+		                      merchant)) < 0)
 			goto done;
 	}
 	rc = answer_row(resp, 201, &r);
@@ -200,43 +193,54 @@ done:
 }
 
 static const pay__field refund_fields[] = {
-	{"refund_request_no", F_STRING, 0},
-	{"payment_id", F_STRING, 1},
-	{"amount", F_INT, 1},
-	{"reason", F_STRING, 0},
+    {"refund_request_no", F_STRING, 0},
+    {"payment_id", F_STRING, 1},
+    {"amount", F_INT, 1},
+    {"reason", F_STRING, 0},
 };
+
+void idem_pay_refund_async(idem_pay *pay, const idem_pay_request *rq, idem_done_fn done,
+                           void *done_ctx)
+{
+	pay__op *c = pay__op_new(pay, rq, done, done_ctx);
+	const char *no, *payment_id, *reason;
+	idem_result *out;
+	int rc;
+
+	if (!c)
+		return;
+	out = &c->res;
+	if ((rc = pay__parse_request(&c->doc, out, rq, refund_fields,
+	                             sizeof(refund_fields) / sizeof(refund_fields[0]))) < 0 ||
+	    !c->doc) {
+		pay__finish(c, rc);
+		return;
+	}
+	no = pay__str(c->doc, "refund_request_no");
+	payment_id = pay__str(c->doc, "payment_id");
+	reason = pay__str(c->doc, "reason");
+	if (!no && !rq->key)
+		rc = pay__reject(out, 400, "missing_idempotency_key",
+		                 "send an Idempotency-Key header or a refund_request_no");
+	else if (!no || idem_natural_key_validate(no, strlen(no)) < 0)
+		rc = pay__reject(out, 400, "invalid_request",
+		                 "'refund_request_no' must be 1..64 of A-Z a-z 0-9 _ - .");
+	else if (idem_natural_key_validate(payment_id, strlen(payment_id)) < 0)
+		rc = pay__reject(out, 400, "invalid_request", "'payment_id' is malformed");
+	else if (!pay__valid_amount(pay__int(c->doc, "amount")))
+		rc = pay__reject(out, 400, "invalid_request",
+		                 "'amount' must be an integer from 1 to 10^15 minor units");
+	else if (reason && strlen(reason) > 255)
+		rc = pay__reject(out, 400, "invalid_request", "'reason' must be at most 255 bytes");
+	else if ((rc = idem_fingerprint(c->fp, rq->method, rq->path, rq->body, rq->body_len)) ==
+	         0) {
+		pay__start(c, "refund", no, pay->opts.ttl_ms, refund_work, NULL, 1);
+		return;
+	}
+	pay__finish(c, rc);
+}
 
 int idem_pay_refund(idem_result *out, idem_pay *pay, const idem_pay_request *rq)
 {
-	refund_ctx c = {pay, rq, NULL, ""};
-	const char *no, *payment_id, *reason;
-	int rc;
-
-	memset(out, 0, sizeof(*out));
-	if ((rc = pay__parse_request(&c.doc, out, rq, refund_fields,
-			     sizeof(refund_fields) / sizeof(refund_fields[0]))) < 0 ||
-	    !c.doc)
-		return rc;
-	no = pay__str(c.doc, "refund_request_no");
-	payment_id = pay__str(c.doc, "payment_id");
-	reason = pay__str(c.doc, "reason");
-	if (!no && !rq->key)
-		rc = pay__reject(out, 400, "missing_idempotency_key",
-				 "send an Idempotency-Key header or a refund_request_no");
-	else if (!no || idem_natural_key_validate(no, strlen(no)) < 0)
-		rc = pay__reject(out, 400, "invalid_request",
-				 "'refund_request_no' must be 1..64 of A-Z a-z 0-9 _ - .");
-	else if (idem_natural_key_validate(payment_id, strlen(payment_id)) < 0)
-		rc = pay__reject(out, 400, "invalid_request", "'payment_id' is malformed");
-	else if (!pay__valid_amount(pay__int(c.doc, "amount")))
-		rc = pay__reject(out, 400, "invalid_request",
-				 "'amount' must be an integer from 1 to 10^15 minor units");
-	else if (reason && strlen(reason) > 255)
-		rc = pay__reject(out, 400, "invalid_request", "'reason' must be at most 255 bytes");
-	else if ((rc = idem_fingerprint(c.fp, rq->method, rq->path, rq->body, rq->body_len)) == 0)
-		rc = pay__run(out, pay, rq, "refund", no, pay->opts.ttl_ms, refund_work, &c, NULL);
-	if (rc == 0)
-		pay__mark_backstop(out);
-	json_decref(c.doc);
-	return rc;
+	return pay__wait(out, pay, rq, idem_pay_refund_async);
 }

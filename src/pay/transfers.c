@@ -11,13 +11,6 @@
 #include "util/error.h"
 
 typedef struct {
-	idem_pay *pay;
-	const idem_pay_request *rq;
-	json_t *doc;
-	char fp[IDEM_FINGERPRINT_LEN + 1];
-} transfer_ctx;
-
-typedef struct {
 	char id[IDEM_PAY_ID_SIZE], transfer_no[72], from[IDEM_PAY_ID_SIZE], to[IDEM_PAY_ID_SIZE];
 	char currency[8], status[16], fingerprint[IDEM_FINGERPRINT_LEN + 1];
 	int64_t amount, created_at;
@@ -48,11 +41,12 @@ static int load_transfer(idem_txn *txn, transfer_row *t, const char *from, const
 	idem_value p[2] = {IDEM_V_TEXT(from), IDEM_V_TEXT(no)};
 
 	memset(t, 0, sizeof(*t));
-	return idem_txn_query(txn,
-			      "SELECT id, transfer_no, from_merchant, to_merchant, amount, currency,"
-			      " status, fingerprint, created_at FROM transfers"
-			      " WHERE from_merchant = ? AND transfer_no = ?",
-			      p, 2, read_transfer, t);
+	return idem_txn_query(
+	    txn,
+	    "SELECT id, transfer_no, from_merchant, to_merchant, amount, currency,"
+	    " status, fingerprint, created_at FROM transfers"
+	    " WHERE from_merchant = ? AND transfer_no = ?",
+	    p, 2, read_transfer, t);
 }
 
 static int answer_transfer(idem_response *resp, int status, const transfer_row *t)
@@ -63,9 +57,9 @@ static int answer_transfer(idem_response *resp, int status, const transfer_row *
 
 	pay__time(created, t->created_at);
 	obj = json_pack("{s:s, s:s, s:s, s:s, s:s, s:I, s:s, s:s, s:s}", "id", t->id, "object",
-			"transfer", "transfer_no", t->transfer_no, "from_merchant", t->from,
-			"to_merchant", t->to, "amount", (json_int_t)t->amount, "currency",
-			t->currency, "status", t->status, "created_at", created);
+	                "transfer", "transfer_no", t->transfer_no, "from_merchant", t->from,
+	                "to_merchant", t->to, "amount", (json_int_t)t->amount, "currency",
+	                t->currency, "status", t->status, "created_at", created);
 	if (!obj)
 		return idem__error(IDEM_ENOMEM, "out of memory");
 	rc = pay__json(resp, status, obj);
@@ -75,7 +69,7 @@ static int answer_transfer(idem_response *resp, int status, const transfer_row *
 
 static int transfer_work(idem_txn *txn, void *vctx, idem_response *resp)
 {
-	transfer_ctx *c = vctx;
+	pay__op *c = vctx;
 	json_t *d = c->doc;
 	const char *from = c->rq->caller, *to = pay__str(d, "to_merchant");
 	const char *currency = pay__str(d, "currency"), *no = pay__str(d, "transfer_no");
@@ -102,8 +96,8 @@ static int transfer_work(idem_txn *txn, void *vctx, idem_response *resp)
 		if (strcmp(t.fingerprint, c->fp) == 0)
 			return answer_transfer(resp, 200, &t);
 		rc = idem_pay_problem(&body, &len, 409, "business_key_conflict",
-				      "a different transfer already uses this transfer_no",
-				      "existing_id", t.id);
+		                      "a different transfer already uses this transfer_no",
+		                      "existing_id", t.id);
 		if (rc == 0)
 			rc = idem_response_set(resp, 409, body, len);
 		free(body);
@@ -113,19 +107,20 @@ static int transfer_work(idem_txn *txn, void *vctx, idem_response *resp)
 		return rc;
 	if (balance < amount)
 		return pay__problem(resp, 409, "insufficient_balance",
-				    "the balance cannot cover this transfer");
+		                    "the balance cannot cover this transfer");
 	if ((rc = pay__new_id(t.id, "tr_")) < 0)
 		return rc;
 	{
-		idem_value v[8] = {IDEM_V_TEXT(t.id), IDEM_V_TEXT(no),       IDEM_V_TEXT(from),
-				   IDEM_V_TEXT(to),   IDEM_V_INT(amount),    IDEM_V_TEXT(currency),
-				   IDEM_V_TEXT(c->fp), IDEM_V_INT(now)};
+		idem_value v[8] = {IDEM_V_TEXT(t.id),  IDEM_V_TEXT(no),    IDEM_V_TEXT(from),
+		                   IDEM_V_TEXT(to),    IDEM_V_INT(amount), IDEM_V_TEXT(currency),
+		                   IDEM_V_TEXT(c->fp), IDEM_V_INT(now)};
 
-		rc = idem_txn_exec(txn,
-				   "INSERT INTO transfers (id, transfer_no, from_merchant, to_merchant,"
-				   " amount, currency, status, fingerprint, created_at)"
-				   " VALUES (?, ?, ?, ?, ?, ?, 'succeeded', ?, ?)",
-				   v, 8, NULL);
+		rc = idem_txn_exec(
+		    txn,
+		    "INSERT INTO transfers (id, transfer_no, from_merchant, to_merchant,"
+		    " amount, currency, status, fingerprint, created_at)"
+		    " VALUES (?, ?, ?, ?, ?, ?, 'succeeded', ?, ?)",
+		    v, 8, NULL);
 	}
 	if (rc < 0 ||
 	    (rc = pay__post(txn, from, currency, -amount, "transfer_out", t.id, now)) < 0 ||
@@ -136,46 +131,56 @@ static int transfer_work(idem_txn *txn, void *vctx, idem_response *resp)
 }
 
 static const pay__field transfer_fields[] = {
-	{"transfer_no", F_STRING, 0},
-	{"to_merchant", F_STRING, 1},
-	{"amount", F_INT, 1},
-	{"currency", F_STRING, 1},
+    {"transfer_no", F_STRING, 0},
+    {"to_merchant", F_STRING, 1},
+    {"amount", F_INT, 1},
+    {"currency", F_STRING, 1},
 };
 
-int idem_pay_transfer(idem_result *out, idem_pay *pay, const idem_pay_request *rq)
+void idem_pay_transfer_async(idem_pay *pay, const idem_pay_request *rq, idem_done_fn done,
+                             void *done_ctx)
 {
-	transfer_ctx c = {pay, rq, NULL, ""};
+	pay__op *c = pay__op_new(pay, rq, done, done_ctx);
 	const char *no, *to;
+	idem_result *out;
 	int rc;
 
-	memset(out, 0, sizeof(*out));
-	if ((rc = pay__parse_request(&c.doc, out, rq, transfer_fields,
-			     sizeof(transfer_fields) / sizeof(transfer_fields[0]))) < 0 ||
-	    !c.doc)
-		return rc;
-	no = pay__str(c.doc, "transfer_no");
-	to = pay__str(c.doc, "to_merchant");
+	if (!c)
+		return;
+	out = &c->res;
+	if ((rc = pay__parse_request(&c->doc, out, rq, transfer_fields,
+	                             sizeof(transfer_fields) / sizeof(transfer_fields[0]))) < 0 ||
+	    !c->doc) {
+		pay__finish(c, rc);
+		return;
+	}
+	no = pay__str(c->doc, "transfer_no");
+	to = pay__str(c->doc, "to_merchant");
 	if (!no && !rq->key)
 		rc = pay__reject(out, 400, "missing_idempotency_key",
-				 "send an Idempotency-Key header or a transfer_no");
+		                 "send an Idempotency-Key header or a transfer_no");
 	else if (!no || idem_natural_key_validate(no, strlen(no)) < 0)
 		rc = pay__reject(out, 400, "invalid_request",
-				 "'transfer_no' must be 1..64 of A-Z a-z 0-9 _ - .");
+		                 "'transfer_no' must be 1..64 of A-Z a-z 0-9 _ - .");
 	else if (idem_natural_key_validate(to, strlen(to)) < 0)
 		rc = pay__reject(out, 400, "invalid_request", "'to_merchant' is malformed");
 	else if (strcmp(to, rq->caller) == 0)
 		rc = pay__reject(out, 400, "invalid_request", "'to_merchant' cannot be the sender");
-	else if (!pay__valid_amount(pay__int(c.doc, "amount")))
+	else if (!pay__valid_amount(pay__int(c->doc, "amount")))
 		rc = pay__reject(out, 400, "invalid_request",
-				 "'amount' must be an integer from 1 to 10^15 minor units");
-	else if (!pay__valid_currency(pay__str(c.doc, "currency")))
+		                 "'amount' must be an integer from 1 to 10^15 minor units");
+	else if (!pay__valid_currency(pay__str(c->doc, "currency")))
 		rc = pay__reject(out, 400, "invalid_request",
-				 "'currency' must be three upper-case letters");
-	else if ((rc = idem_fingerprint(c.fp, rq->method, rq->path, rq->body, rq->body_len)) == 0)
-		rc = pay__run(out, pay, rq, "transfer", no, pay->opts.ttl_ms, transfer_work, &c,
-			      NULL);
-	if (rc == 0)
-		pay__mark_backstop(out);
-	json_decref(c.doc);
-	return rc;
+		                 "'currency' must be three upper-case letters");
+	else if ((rc = idem_fingerprint(c->fp, rq->method, rq->path, rq->body, rq->body_len)) ==
+	         0) {
+		pay__start(c, "transfer", no, pay->opts.ttl_ms, transfer_work, NULL, 1);
+		return;
+	}
+	pay__finish(c, rc);
+}
+
+int idem_pay_transfer(idem_result *out, idem_pay *pay, const idem_pay_request *rq)
+{
+	return pay__wait(out, pay, rq, idem_pay_transfer_async);
 }

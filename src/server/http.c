@@ -12,11 +12,12 @@
 #include <microhttpd.h>
 #include <netdb.h>
 #include <openssl/rand.h>
-#include <strings.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -25,18 +26,52 @@
 
 struct http_req {
 	struct MHD_Connection *conn;
+	http_server *server;
 	char request_id[17];
 	char method[12];
 	char *path;
 	struct timespec start;
 	route_match match;
-	int prepared;      /* route_prepare ran */
-	int answered;      /* a response was queued */
+	int prepared; /* route_prepare ran */
+	int answered; /* a response was queued */
 	int too_large;
 	char *body;
 	size_t len, cap;
 	http_answer answer; /* what was sent, for the log */
+
+	/* A write in flight (group commit): the connection is suspended until
+	 * the writer thread has the answer; lock orders suspend and resume. */
+	idem_pay_request write;
+	char key[IDEM_KEY_MAX + 2];
+	char write_path[400];
+	pthread_mutex_t lock;
+	int dispatched, ready, suspended;
+	http_answer later;
 };
+
+idem_pay_request *req_write(http_req *r, char **key_buf, size_t *key_size, char **path_buf,
+                            size_t *path_size)
+{
+	*key_buf = r->key;
+	*key_size = sizeof(r->key);
+	*path_buf = r->write_path;
+	*path_size = sizeof(r->write_path);
+	return &r->write;
+}
+
+void http_write_done(void *ctx, int rc, idem_result *res)
+{
+	http_req *r = ctx;
+
+	answer_result(&r->later, rc, res);
+	pthread_mutex_lock(&r->lock);
+	r->ready = 1;
+	if (r->suspended) {
+		r->suspended = 0;
+		MHD_resume_connection(r->conn);
+	}
+	pthread_mutex_unlock(&r->lock);
+}
 
 struct http_server {
 	struct MHD_Daemon *daemon;
@@ -60,7 +95,7 @@ typedef struct {
 } header_count;
 
 static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const char *key,
-				   const char *value)
+                                    const char *value)
 {
 	header_count *hc = cls;
 
@@ -107,13 +142,14 @@ void answer_result(http_answer *a, int rc, idem_result *res)
 
 		/* Never a replay, never a 422: the request had no effect. */
 		log_msg("error", "store failure: %s (code %d, driver %d%s%s): %s",
-			idem_strerror(rc), rc, e->driver_code, e->sqlstate[0] ? ", sqlstate " : "",
-			e->sqlstate, e->message);
+		        idem_strerror(rc), rc, e->driver_code, e->sqlstate[0] ? ", sqlstate " : "",
+		        e->sqlstate, e->message);
 		if (rc == IDEM_ENOMEM || rc == IDEM_EINVAL) {
-			answer_problem(a, 500, "internal_error", "the request could not be processed");
+			answer_problem(a, 500, "internal_error",
+			               "the request could not be processed");
 		} else {
 			answer_problem(a, 503, "store_unavailable",
-				       "the idempotency store is unavailable; retry later");
+			               "the idempotency store is unavailable; retry later");
 		}
 		a->outcome = "error";
 		idem_result_clear(res);
@@ -152,10 +188,10 @@ static enum MHD_Result send_answer(http_req *r, http_answer *a)
 
 	if (!ctype)
 		ctype = a->status >= 400 ? "application/problem+json"
-					 : "application/json; charset=utf-8";
+		                         : "application/json; charset=utf-8";
 	resp = MHD_create_response_from_buffer(a->len, a->body ? a->body : (void *)"",
-					       a->body ? MHD_RESPMEM_MUST_FREE
-						       : MHD_RESPMEM_PERSISTENT);
+	                                       a->body ? MHD_RESPMEM_MUST_FREE
+	                                               : MHD_RESPMEM_PERSISTENT);
 	if (!resp)
 		return MHD_NO;
 	a->body = NULL; /* owned by the response now */
@@ -180,8 +216,8 @@ static enum MHD_Result send_answer(http_req *r, http_answer *a)
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
-				  const char *method, const char *version, const char *upload,
-				  size_t *upload_size, void **con_cls)
+                                  const char *method, const char *version, const char *upload,
+                                  size_t *upload_size, void **con_cls)
 {
 	http_server *h = cls;
 	http_req *r = *con_cls;
@@ -195,6 +231,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 			free(r);
 			return MHD_NO;
 		}
+		pthread_mutex_init(&r->lock, NULL);
+		r->server = h;
 		atomic_fetch_add(&h->active, 1);
 		*con_cls = r;
 		r->conn = conn;
@@ -205,7 +243,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 			return send_answer(r, &a);
 		cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
 		if (cl && strtoull(cl, NULL, 10) > SERVER_BODY_MAX) {
-			answer_problem(&a, 413, "payload_too_large", "the body is larger than 1 MiB");
+			answer_problem(&a, 413, "payload_too_large",
+			               "the body is larger than 1 MiB");
 			return send_answer(r, &a);
 		}
 		if (route_check_media(r, method, &a) != 0)
@@ -245,13 +284,34 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 		answer_problem(&a, 413, "payload_too_large", "the body is larger than 1 MiB");
 		return send_answer(r, &a);
 	}
+	if (r->dispatched) {
+		/* Resumed: the writer thread left the answer in r->later. */
+		int ready;
+
+		pthread_mutex_lock(&r->lock);
+		ready = r->ready;
+		pthread_mutex_unlock(&r->lock);
+		return ready ? send_answer(r, &r->later) : MHD_YES;
+	}
+	r->dispatched = 1;
 	a.outcome = "-";
 	r->match.handler(h->state, r, &r->match, &a);
-	return send_answer(r, &a);
+	if (!a.pending)
+		return send_answer(r, &a);
+	/* Decide under the lock: once suspended, only the resumed call sends. */
+	pthread_mutex_lock(&r->lock);
+	int suspend = !r->ready; /* else it was answered inline: send it now */
+
+	if (suspend) {
+		r->suspended = 1;
+		MHD_suspend_connection(conn);
+	}
+	pthread_mutex_unlock(&r->lock);
+	return suspend ? MHD_YES : send_answer(r, &r->later);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
-			 enum MHD_RequestTerminationCode toe)
+                         enum MHD_RequestTerminationCode toe)
 {
 	http_server *h = cls;
 	http_req *r = *con_cls;
@@ -264,16 +324,19 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 	if (!r)
 		return;
 	clock_gettime(CLOCK_MONOTONIC, &end);
-	secs = (double)(end.tv_sec - r->start.tv_sec) + (double)(end.tv_nsec - r->start.tv_nsec) / 1e9;
+	secs =
+	    (double)(end.tv_sec - r->start.tv_sec) + (double)(end.tv_nsec - r->start.tv_nsec) / 1e9;
 	o = r->answered ? r->answer.outcome : "aborted";
-	dup = strcmp(o, "replay") == 0 || strcmp(o, "in_progress") == 0 ||
-	      strcmp(o, "mismatch") == 0;
+	dup =
+	    strcmp(o, "replay") == 0 || strcmp(o, "in_progress") == 0 || strcmp(o, "mismatch") == 0;
 	claimed = dup || strcmp(o, "first") == 0;
 	metrics_observe(secs, claimed, dup);
 	log_request(r->request_id, r->method, r->path, r->answered ? r->answer.status : 0,
-		    toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? o : "client-gone", secs * 1000.0);
+	            toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? o : "client-gone", secs * 1000.0);
+	free(r->later.body);
 	free(r->body);
 	free(r->path);
+	pthread_mutex_destroy(&r->lock);
 	free(r);
 	*con_cls = NULL;
 	atomic_fetch_sub(&h->active, 1);
@@ -316,7 +379,7 @@ static int parse_listen(const char *spec, struct sockaddr_storage *ss, char *err
 	hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
 	if ((rc = getaddrinfo(host[0] ? host : NULL, port, &hints, &ai)) != 0) {
 		snprintf(err, errlen, "cannot resolve listen address '%s': %s", spec,
-			 gai_strerror(rc));
+		         gai_strerror(rc));
 		return -1;
 	}
 	memcpy(ss, ai->ai_addr, ai->ai_addrlen);
@@ -331,7 +394,8 @@ int http_start(http_server **out, server_state *s, char *err, size_t errlen)
 {
 	struct sockaddr_storage ss = {0};
 	http_server *h;
-	unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG;
+	unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG |
+	                 MHD_ALLOW_SUSPEND_RESUME;
 
 	*out = NULL;
 	if (parse_listen(s->cfg->listen, &ss, err, errlen) < 0)
@@ -344,16 +408,16 @@ int http_start(http_server **out, server_state *s, char *err, size_t errlen)
 	}
 	h->state = s;
 	h->daemon = MHD_start_daemon(
-		flags, 0, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
-		MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_THREAD_POOL_SIZE,
-		(unsigned)s->cfg->threads, MHD_OPTION_CONNECTION_LIMIT,
-		(unsigned)s->cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
-		(unsigned)s->cfg->conn_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-		(size_t)64 * 1024, MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u,
-		MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_END);
+	    flags, 0, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+	    MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_THREAD_POOL_SIZE,
+	    (unsigned)s->cfg->threads, MHD_OPTION_CONNECTION_LIMIT,
+	    (unsigned)s->cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
+	    (unsigned)s->cfg->conn_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024,
+	    MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+	    MHD_OPTION_END);
 	if (!h->daemon) {
 		snprintf(err, errlen, "cannot listen on %s (address in use or not permitted?)",
-			 s->cfg->listen);
+		         s->cfg->listen);
 		free(h);
 		return -1;
 	}
@@ -363,7 +427,8 @@ int http_start(http_server **out, server_state *s, char *err, size_t errlen)
 
 int http_port(http_server *h)
 {
-	const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_BIND_PORT);
+	const union MHD_DaemonInfo *info =
+	    MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_BIND_PORT);
 
 	return info ? info->port : 0;
 }

@@ -64,7 +64,7 @@ void log_msg(const char *level, const char *fmt, ...)
 }
 
 void log_request(const char *request_id, const char *method, const char *raw_path, int status,
-		 const char *outcome, double duration_ms)
+                 const char *outcome, double duration_ms)
 {
 	char ts[40], text[1400], path[513];
 	json_t *obj = NULL;
@@ -76,11 +76,11 @@ void log_request(const char *request_id, const char *method, const char *raw_pat
 	path[i] = '\0';
 	now_text(ts);
 	snprintf(text, sizeof(text), "%s info  req=%s %s %.512s %d %s %.3fms", ts, request_id,
-		 method, path, status, outcome, duration_ms);
+	         method, path, status, outcome, duration_ms);
 	if (format == LOG_JSON)
-		obj = json_pack("{s:s, s:s, s:s, s:s, s:s, s:i, s:s, s:f}", "ts", ts, "level", "info",
-				"request_id", request_id, "method", method, "path", path, "status",
-				status, "outcome", outcome, "duration_ms", duration_ms);
+		obj = json_pack("{s:s, s:s, s:s, s:s, s:s, s:i, s:s, s:f}", "ts", ts, "level",
+		                "info", "request_id", request_id, "method", method, "path", path,
+		                "status", status, "outcome", outcome, "duration_ms", duration_ms);
 	emit(obj, text);
 	json_decref(obj);
 }

@@ -16,28 +16,40 @@
 
 static void usage(FILE *f)
 {
-	fprintf(f,
-		"usage: idemd [options]\n"
-		"\n"
-		"Serves the idem payment API (API.md v1) over HTTP.\n"
-		"\n"
-		"options (environment fallback in brackets):\n"
-		"  --listen HOST:PORT        address to listen on [IDEM_LISTEN] (127.0.0.1:8080)\n"
-		"  --db URL                  store URL [IDEM_DB] (sqlite:idem.db)\n"
-		"  --threads N               HTTP worker threads [IDEM_THREADS] (8)\n"
-		"  --idempotency-ttl DUR     record retention, e.g. 24h, 30m, 90s [IDEM_IDEMPOTENCY_TTL] (24h)\n"
-		"                            (notifications keep at least 72h)\n"
-		"  --log-format text|json    log line format [IDEM_LOG_FORMAT] (text)\n"
-		"  --max-connections N       concurrent connections [IDEM_MAX_CONNECTIONS] (1024)\n"
-		"  --connection-timeout SEC  idle/slow connection timeout [IDEM_CONNECTION_TIMEOUT] (30)\n"
-		"  --sqlite-synchronous full|normal\n"
-		"                            SQLite durability [IDEM_SQLITE_SYNCHRONOUS] (full)\n"
-		"  --mock-channel-delay-ms N the mock channel answers after N ms; payments on it\n"
-		"                            then run in two phases [IDEM_MOCK_CHANNEL_DELAY_MS] (0)\n"
-		"  -h, --help                this text\n"
-		"\n"
-		"example:\n"
-		"  idemd --listen 127.0.0.1:8080 --db sqlite:var/idem.db\n");
+	fprintf(
+	    f,
+	    "usage: idemd [options]\n"
+	    "\n"
+	    "Serves the idem payment API (API.md v1) over HTTP.\n"
+	    "\n"
+	    "options (environment fallback in brackets):\n"
+	    "  --listen HOST:PORT        address to listen on [IDEM_LISTEN] (127.0.0.1:8080)\n"
+	    "  --db URL                  store URL [IDEM_DB] (sqlite:idem.db)\n"
+	    "  --threads N               HTTP worker threads [IDEM_THREADS] (8)\n"
+	    "  --idempotency-ttl DUR     record retention, e.g. 24h, 30m, 90s "
+	    "[IDEM_IDEMPOTENCY_TTL] (24h)\n"
+	    "                            (notifications keep at least 72h)\n"
+	    "  --log-format text|json    log line format [IDEM_LOG_FORMAT] (text)\n"
+	    "  --max-connections N       concurrent connections [IDEM_MAX_CONNECTIONS] (1024)\n"
+	    "  --connection-timeout SEC  idle/slow connection timeout [IDEM_CONNECTION_TIMEOUT] "
+	    "(30)\n"
+	    "  --sqlite-synchronous full|normal\n"
+	    "                            SQLite durability [IDEM_SQLITE_SYNCHRONOUS] (full)\n"
+	    "  --batch-max N             group commit: units per transaction, 1 = off "
+	    "[IDEM_BATCH_MAX] (64)\n"
+	    "  --batch-wait-us US        wait this long for a fuller batch [IDEM_BATCH_WAIT_US] "
+	    "(0)\n"
+	    "  --writers K               writer connections, PostgreSQL/MariaDB [IDEM_WRITERS] "
+	    "(4)\n"
+	    "  --cache-mb MB             front cache of completed answers, 0 = off [IDEM_CACHE_MB] "
+	    "(64)\n"
+	    "  --cache-entries N         front cache entry cap [IDEM_CACHE_ENTRIES] (200000)\n"
+	    "  --mock-channel-delay-ms N the mock channel answers after N ms; payments on it\n"
+	    "                            then run in two phases [IDEM_MOCK_CHANNEL_DELAY_MS] (0)\n"
+	    "  -h, --help                this text\n"
+	    "\n"
+	    "example:\n"
+	    "  idemd --listen 127.0.0.1:8080 --db sqlite:var/idem.db\n");
 }
 
 /* A duration: a number with an optional unit ms, s, m, h, d (plain: seconds). */
@@ -92,21 +104,31 @@ typedef enum {
 	OPT_CONN_TIMEOUT,
 	OPT_SYNC,
 	OPT_MOCK_DELAY,
+	OPT_BATCH_MAX,
+	OPT_BATCH_WAIT,
+	OPT_WRITERS,
+	OPT_CACHE_MB,
+	OPT_CACHE_ENTRIES,
 } opt_id;
 
 static const struct {
 	opt_id id;
 	const char *env;
 } env_names[] = {
-	{OPT_LISTEN, "IDEM_LISTEN"},
-	{OPT_DB, "IDEM_DB"},
-	{OPT_THREADS, "IDEM_THREADS"},
-	{OPT_TTL, "IDEM_IDEMPOTENCY_TTL"},
-	{OPT_LOG_FORMAT, "IDEM_LOG_FORMAT"},
-	{OPT_MAX_CONN, "IDEM_MAX_CONNECTIONS"},
-	{OPT_CONN_TIMEOUT, "IDEM_CONNECTION_TIMEOUT"},
-	{OPT_SYNC, "IDEM_SQLITE_SYNCHRONOUS"},
-	{OPT_MOCK_DELAY, "IDEM_MOCK_CHANNEL_DELAY_MS"},
+    {OPT_LISTEN, "IDEM_LISTEN"},
+    {OPT_DB, "IDEM_DB"},
+    {OPT_THREADS, "IDEM_THREADS"},
+    {OPT_TTL, "IDEM_IDEMPOTENCY_TTL"},
+    {OPT_LOG_FORMAT, "IDEM_LOG_FORMAT"},
+    {OPT_MAX_CONN, "IDEM_MAX_CONNECTIONS"},
+    {OPT_CONN_TIMEOUT, "IDEM_CONNECTION_TIMEOUT"},
+    {OPT_SYNC, "IDEM_SQLITE_SYNCHRONOUS"},
+    {OPT_MOCK_DELAY, "IDEM_MOCK_CHANNEL_DELAY_MS"},
+    {OPT_BATCH_MAX, "IDEM_BATCH_MAX"},
+    {OPT_BATCH_WAIT, "IDEM_BATCH_WAIT_US"},
+    {OPT_WRITERS, "IDEM_WRITERS"},
+    {OPT_CACHE_MB, "IDEM_CACHE_MB"},
+    {OPT_CACHE_ENTRIES, "IDEM_CACHE_ENTRIES"},
 };
 
 static int apply(server_config *c, opt_id id, const char *v, const char *from)
@@ -114,7 +136,9 @@ static int apply(server_config *c, opt_id id, const char *v, const char *from)
 	int bad = 0;
 
 	switch (id) {
-	case OPT_LISTEN: bad = snprintf(c->listen, sizeof(c->listen), "%s", v) >= (int)sizeof(c->listen); break;
+	case OPT_LISTEN:
+		bad = snprintf(c->listen, sizeof(c->listen), "%s", v) >= (int)sizeof(c->listen);
+		break;
 	case OPT_DB: bad = snprintf(c->db, sizeof(c->db), "%s", v) >= (int)sizeof(c->db); break;
 	case OPT_THREADS: bad = parse_int(v, 1, 256, &c->threads); break;
 	case OPT_TTL: bad = parse_duration_ms(v, &c->ttl_ms); break;
@@ -137,6 +161,11 @@ static int apply(server_config *c, opt_id id, const char *v, const char *from)
 			bad = 1;
 		break;
 	case OPT_MOCK_DELAY: bad = parse_int(v, 0, 600000, &c->mock_channel_delay_ms); break;
+	case OPT_BATCH_MAX: bad = parse_int(v, 1, 10000, &c->batch_max); break;
+	case OPT_BATCH_WAIT: bad = parse_int(v, 0, 1000000, &c->batch_wait_us); break;
+	case OPT_WRITERS: bad = parse_int(v, 1, 64, &c->writers); break;
+	case OPT_CACHE_MB: bad = parse_int(v, 0, 65536, &c->cache_mb); break;
+	case OPT_CACHE_ENTRIES: bad = parse_int(v, 0, 100000000, &c->cache_entries); break;
 	}
 	if (bad)
 		fprintf(stderr, "idemd: invalid value '%s' for %s (see --help)\n", v, from);
@@ -146,17 +175,22 @@ static int apply(server_config *c, opt_id id, const char *v, const char *from)
 static int configure(server_config *c, int argc, char **argv)
 {
 	static const struct option longopts[] = {
-		{"listen", required_argument, NULL, OPT_LISTEN},
-		{"db", required_argument, NULL, OPT_DB},
-		{"threads", required_argument, NULL, OPT_THREADS},
-		{"idempotency-ttl", required_argument, NULL, OPT_TTL},
-		{"log-format", required_argument, NULL, OPT_LOG_FORMAT},
-		{"max-connections", required_argument, NULL, OPT_MAX_CONN},
-		{"connection-timeout", required_argument, NULL, OPT_CONN_TIMEOUT},
-		{"sqlite-synchronous", required_argument, NULL, OPT_SYNC},
-		{"mock-channel-delay-ms", required_argument, NULL, OPT_MOCK_DELAY},
-		{"help", no_argument, NULL, 'h'},
-		{NULL, 0, NULL, 0},
+	    {"listen", required_argument, NULL, OPT_LISTEN},
+	    {"db", required_argument, NULL, OPT_DB},
+	    {"threads", required_argument, NULL, OPT_THREADS},
+	    {"idempotency-ttl", required_argument, NULL, OPT_TTL},
+	    {"log-format", required_argument, NULL, OPT_LOG_FORMAT},
+	    {"max-connections", required_argument, NULL, OPT_MAX_CONN},
+	    {"connection-timeout", required_argument, NULL, OPT_CONN_TIMEOUT},
+	    {"sqlite-synchronous", required_argument, NULL, OPT_SYNC},
+	    {"mock-channel-delay-ms", required_argument, NULL, OPT_MOCK_DELAY},
+	    {"batch-max", required_argument, NULL, OPT_BATCH_MAX},
+	    {"batch-wait-us", required_argument, NULL, OPT_BATCH_WAIT},
+	    {"writers", required_argument, NULL, OPT_WRITERS},
+	    {"cache-mb", required_argument, NULL, OPT_CACHE_MB},
+	    {"cache-entries", required_argument, NULL, OPT_CACHE_ENTRIES},
+	    {"help", no_argument, NULL, 'h'},
+	    {NULL, 0, NULL, 0},
 	};
 	int opt;
 
@@ -172,6 +206,11 @@ static int configure(server_config *c, int argc, char **argv)
 	 * attempt waits up to the busy timeout, and there are 1 + retries. */
 	c->busy_timeout_ms = 2000;
 	c->max_retries = 3;
+	c->batch_max = 64;
+	c->batch_wait_us = 0;
+	c->writers = 4;
+	c->cache_mb = 64;
+	c->cache_entries = 200000;
 	/* The environment first, so flags override it. */
 	for (size_t i = 0; i < sizeof(env_names) / sizeof(env_names[0]); i++) {
 		const char *v = getenv(env_names[i].env);
@@ -189,8 +228,8 @@ static int configure(server_config *c, int argc, char **argv)
 			return 2;
 		}
 		for (size_t i = 0; i < sizeof(longopts) / sizeof(longopts[0]); i++)
-			if (longopts[i].val == opt && apply(c, (opt_id)opt, optarg,
-							    longopts[i].name) < 0)
+			if (longopts[i].val == opt &&
+			    apply(c, (opt_id)opt, optarg, longopts[i].name) < 0)
 				return 2;
 	}
 	if (optind < argc) {
@@ -227,10 +266,15 @@ int main(int argc, char **argv)
 	so.synchronous_full = cfg.synchronous_full;
 	so.busy_timeout_ms = cfg.busy_timeout_ms;
 	so.max_retries = cfg.max_retries;
+	so.batch_max = cfg.batch_max;
+	so.batch_wait_us = cfg.batch_wait_us;
+	so.writers = cfg.writers;
+	so.cache_bytes = (size_t)cfg.cache_mb << 20;
+	so.cache_entries = (size_t)cfg.cache_entries;
 	so.default_ttl_ms = cfg.ttl_ms;
 	if ((rc = idem_store_open(&st.store, cfg.db, &so)) < 0) {
 		log_msg("error", "cannot open store: %s: %s", idem_strerror(rc),
-			idem_error_last()->message);
+		        idem_error_last()->message);
 		goto done;
 	}
 	po.ttl_ms = cfg.ttl_ms;
@@ -244,10 +288,12 @@ int main(int argc, char **argv)
 		log_msg("error", "%s", err);
 		goto done;
 	}
-	log_msg("info", "idemd %s listening on %s (port %d), store %s, %d threads, ttl %llds%s",
-		IDEM_VERSION, cfg.listen, http_port(http), idem_store_backend(st.store),
-		cfg.threads, (long long)(cfg.ttl_ms / 1000),
-		cfg.synchronous_full ? "" : ", synchronous=NORMAL");
+	log_msg("info",
+	        "idemd %s listening on %s (port %d), store %s, %d threads, ttl %llds, batch %d, "
+	        "cache %d MiB%s",
+	        IDEM_VERSION, cfg.listen, http_port(http), idem_store_backend(st.store),
+	        cfg.threads, (long long)(cfg.ttl_ms / 1000), cfg.batch_max, cfg.cache_mb,
+	        cfg.synchronous_full ? "" : ", synchronous=NORMAL");
 	if (sigwait(&sigs, &sig) != 0)
 		sig = 0;
 	log_msg("info", "signal %d: finishing in-flight requests", sig);

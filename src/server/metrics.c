@@ -14,12 +14,12 @@
 
 #include "server/server.h"
 
-#define WINDOW_SECONDS 60
-#define WARN_RATIO 0.05
+#define WINDOW_SECONDS  60
+#define WARN_RATIO      0.05
 #define WARN_MIN_CLAIMS 20
 
 static const double bounds[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-				0.1,    0.25,  0.5,    1.0,   2.5,  5.0};
+                                0.1,    0.25,  0.5,    1.0,   2.5,  5.0};
 #define NBOUNDS (sizeof(bounds) / sizeof(bounds[0]))
 
 static _Atomic uint64_t buckets[NBOUNDS + 1];
@@ -89,10 +89,10 @@ void metrics_observe(double seconds, int claimed, int duplicate)
 	pthread_mutex_unlock(&win.lock);
 	if (warn)
 		log_msg("warn",
-			"duplicate ratio %.1f%% over the last %ds (%llu of %llu claims) is above "
-			"%.0f%%: check clients' retry behaviour",
-			100.0 * (double)dups / (double)claims, WINDOW_SECONDS,
-			(unsigned long long)dups, (unsigned long long)claims, WARN_RATIO * 100);
+		        "duplicate ratio %.1f%% over the last %ds (%llu of %llu claims) is above "
+		        "%.0f%%: check clients' retry behaviour",
+		        100.0 * (double)dups / (double)claims, WINDOW_SECONDS,
+		        (unsigned long long)dups, (unsigned long long)claims, WARN_RATIO * 100);
 }
 
 double metrics_duplicate_ratio(uint64_t *claims_out)
@@ -169,17 +169,19 @@ int metrics_render(char **out, size_t *len, idem_store *store)
 	if (!b.p)
 		return -1;
 	put(&b, "# HELP idem_requests_total Claims by business type and outcome.\n"
-		"# TYPE idem_requests_total counter\n");
+	        "# TYPE idem_requests_total counter\n");
 	idem_metrics_each(store, put_type, &b);
-	put(&b, "# HELP idem_duplicate_ratio Share of claims in the last %d s that were "
-		"duplicates (replay, in progress, mismatch).\n"
-		"# TYPE idem_duplicate_ratio gauge\nidem_duplicate_ratio %.6f\n",
+	put(&b,
+	    "# HELP idem_duplicate_ratio Share of claims in the last %d s that were "
+	    "duplicates (replay, in progress, mismatch).\n"
+	    "# TYPE idem_duplicate_ratio gauge\nidem_duplicate_ratio %.6f\n",
 	    WINDOW_SECONDS, ratio);
-	put(&b, "# HELP idem_duplicate_window_claims Claims in the duplicate-ratio window.\n"
-		"# TYPE idem_duplicate_window_claims gauge\nidem_duplicate_window_claims %llu\n",
+	put(&b,
+	    "# HELP idem_duplicate_window_claims Claims in the duplicate-ratio window.\n"
+	    "# TYPE idem_duplicate_window_claims gauge\nidem_duplicate_window_claims %llu\n",
 	    (unsigned long long)claims);
 	put(&b, "# HELP idem_request_duration_seconds HTTP request latency.\n"
-		"# TYPE idem_request_duration_seconds histogram\n");
+	        "# TYPE idem_request_duration_seconds histogram\n");
 	for (size_t i = 0; i <= NBOUNDS; i++) {
 		cum += atomic_load_explicit(&buckets[i], memory_order_relaxed);
 		if (i < NBOUNDS)
@@ -189,16 +191,37 @@ int metrics_render(char **out, size_t *len, idem_store *store)
 			put(&b, "idem_request_duration_seconds_bucket{le=\"+Inf\"} %llu\n",
 			    (unsigned long long)cum);
 	}
-	put(&b, "idem_request_duration_seconds_sum %.6f\nidem_request_duration_seconds_count %llu\n",
+	put(&b,
+	    "idem_request_duration_seconds_sum %.6f\nidem_request_duration_seconds_count %llu\n",
 	    (double)atomic_load(&sum_us) / 1e6, (unsigned long long)atomic_load(&count));
 	put(&b, "# HELP idem_store_errors_total Store errors by class.\n"
-		"# TYPE idem_store_errors_total counter\n");
+	        "# TYPE idem_store_errors_total counter\n");
 	for (int c = IDEM_ECLASS_RETRYABLE; c <= IDEM_ECLASS_OTHER; c++)
 		put(&b, "idem_store_errors_total{class=\"%s\"} %llu\n",
 		    idem_error_class_name((idem_error_class)c),
 		    (unsigned long long)idem_metrics_store_errors(store, (idem_error_class)c));
-	put(&b, "# HELP idem_records_purged_total Expired idempotency records deleted.\n"
-		"# TYPE idem_records_purged_total counter\nidem_records_purged_total %llu\n",
+	{
+		idem_cache_stats cs;
+
+		idem_metrics_cache(store, &cs);
+		put(&b,
+		    "# HELP idem_cache_hits_total Duplicates answered from the front cache.\n"
+		    "# TYPE idem_cache_hits_total counter\nidem_cache_hits_total %llu\n"
+		    "# HELP idem_cache_misses_total Front cache lookups that found nothing.\n"
+		    "# TYPE idem_cache_misses_total counter\nidem_cache_misses_total %llu\n"
+		    "# HELP idem_cache_evictions_total Entries evicted to keep the caps.\n"
+		    "# TYPE idem_cache_evictions_total counter\nidem_cache_evictions_total %llu\n"
+		    "# HELP idem_cache_entries Entries in the front cache.\n"
+		    "# TYPE idem_cache_entries gauge\nidem_cache_entries %llu\n"
+		    "# HELP idem_cache_bytes Bytes held by the front cache.\n"
+		    "# TYPE idem_cache_bytes gauge\nidem_cache_bytes %llu\n",
+		    (unsigned long long)cs.hits, (unsigned long long)cs.misses,
+		    (unsigned long long)cs.evictions, (unsigned long long)cs.entries,
+		    (unsigned long long)cs.bytes);
+	}
+	put(&b,
+	    "# HELP idem_records_purged_total Expired idempotency records deleted.\n"
+	    "# TYPE idem_records_purged_total counter\nidem_records_purged_total %llu\n",
 	    (unsigned long long)idem_metrics_purged(store));
 	if (b.failed) {
 		free(b.p);

@@ -54,50 +54,55 @@ static int parse_idem_key(const char *v, char *out, size_t outsz, size_t *len)
 
 /* ---- handlers ---- */
 
-typedef int (*pay_write_fn)(idem_result *, idem_pay *, const idem_pay_request *);
+typedef void (*pay_write_fn)(idem_pay *, const idem_pay_request *, idem_done_fn, void *);
 
-static int do_write(server_state *s, http_req *r, route_match *m, http_answer *a,
-		    pay_write_fn fn, const char *path, const char *caller)
+/*
+ * Start the write; its answer arrives through http_write_done, after the
+ * group commit's COMMIT, while the connection is suspended and no server
+ * thread waits for it.
+ */
+static int do_write(server_state *s, http_req *r, route_match *m, http_answer *a, pay_write_fn fn,
+                    const char *path, const char *caller)
 {
-	char key[IDEM_KEY_MAX + 2];
-	size_t key_len = 0, body_len = 0;
+	char *key, *path_buf;
+	size_t key_size, path_size, key_len = 0, body_len = 0;
 	const char *hdr = req_header(r, "Idempotency-Key");
-	idem_pay_request rq = {0};
-	idem_result res = {0};
-	int rc;
+	idem_pay_request *rq = req_write(r, &key, &key_size, &path_buf, &path_size);
 
 	(void)m;
 	if (req_header_count(r, "Idempotency-Key") > 1) {
 		answer_problem(a, 400, "invalid_idempotency_key",
-			       "send exactly one Idempotency-Key header");
+		               "send exactly one Idempotency-Key header");
 		return 0;
 	}
-	rq.key_invalid = hdr && parse_idem_key(hdr, key, sizeof(key), &key_len) < 0;
-	rq.caller = caller;
-	rq.key = hdr && !rq.key_invalid ? key : NULL;
-	rq.key_len = key_len;
-	rq.method = "POST";
-	rq.path = path;
-	rq.body = req_body(r, &body_len);
-	rq.body_len = body_len;
-	rc = fn(&res, s->pay, &rq);
-	answer_result(a, rc, &res);
+	memset(rq, 0, sizeof(*rq));
+	rq->key_invalid = hdr && parse_idem_key(hdr, key, key_size, &key_len) < 0;
+	rq->caller = caller;
+	rq->key = hdr && !rq->key_invalid ? key : NULL;
+	rq->key_len = key_len;
+	rq->method = "POST";
+	snprintf(path_buf, path_size, "%s", path);
+	rq->path = path_buf;
+	rq->body = req_body(r, &body_len);
+	rq->body_len = body_len;
+	a->pending = 1;
+	fn(s->pay, rq, http_write_done, r);
 	return 0;
 }
 
 static int h_create_payment(server_state *s, http_req *r, route_match *m, http_answer *a)
 {
-	return do_write(s, r, m, a, idem_pay_create_payment, "/v1/payments", m->merchant);
+	return do_write(s, r, m, a, idem_pay_create_payment_async, "/v1/payments", m->merchant);
 }
 
 static int h_refund(server_state *s, http_req *r, route_match *m, http_answer *a)
 {
-	return do_write(s, r, m, a, idem_pay_refund, "/v1/refunds", m->merchant);
+	return do_write(s, r, m, a, idem_pay_refund_async, "/v1/refunds", m->merchant);
 }
 
 static int h_transfer(server_state *s, http_req *r, route_match *m, http_answer *a)
 {
-	return do_write(s, r, m, a, idem_pay_transfer, "/v1/transfers", m->merchant);
+	return do_write(s, r, m, a, idem_pay_transfer_async, "/v1/transfers", m->merchant);
 }
 
 static int h_notify(server_state *s, http_req *r, route_match *m, http_answer *a)
@@ -111,8 +116,8 @@ static int h_notify(server_state *s, http_req *r, route_match *m, http_answer *a
 	rc = idem_pay_verify_signature(s->pay, m->param, sig, sig ? strlen(sig) : 0, body, len);
 	if (rc == IDEM_ENOTFOUND) {
 		answer_problem(a, 401, "invalid_signature",
-			       "X-Signature must be the hex HMAC-SHA256 of the body with the "
-			       "channel's secret");
+		               "X-Signature must be the hex HMAC-SHA256 of the body with the "
+		               "channel's secret");
 		return 0;
 	}
 	if (rc < 0) {
@@ -122,7 +127,7 @@ static int h_notify(server_state *s, http_req *r, route_match *m, http_answer *a
 		return 0;
 	}
 	snprintf(path, sizeof(path), "/v1/notifications/%s", m->param);
-	return do_write(s, r, m, a, idem_pay_notify, path, m->param);
+	return do_write(s, r, m, a, idem_pay_notify_async, path, m->param);
 }
 
 static int h_get_payment(server_state *s, http_req *r, route_match *m, http_answer *a)
@@ -142,7 +147,7 @@ static int h_find_payment(server_state *s, http_req *r, route_match *m, http_ans
 
 	if (!no) {
 		answer_problem(a, 400, "invalid_request",
-			       "give ?merchant_order_no=… or GET /v1/payments/{id}");
+		               "give ?merchant_order_no=… or GET /v1/payments/{id}");
 		return 0;
 	}
 	answer_result(a, idem_pay_find_payment(&res, s->pay, m->merchant, no), &res);
@@ -165,9 +170,9 @@ static int h_record(server_state *s, http_req *r, route_match *m, http_answer *a
 	idem_result res = {0};
 
 	(void)r;
-	answer_result(a, idem_pay_get_record(&res, s->pay, m->merchant, m->param, m->param2,
-					     m->param2_len),
-		      &res);
+	answer_result(
+	    a, idem_pay_get_record(&res, s->pay, m->merchant, m->param, m->param2, m->param2_len),
+	    &res);
 	a->outcome = "-";
 	return 0;
 }
@@ -180,7 +185,7 @@ static int h_healthz(server_state *s, http_req *r, route_match *m, http_answer *
 	(void)r;
 	(void)m;
 	snprintf(body, sizeof(body), "{\"status\":\"%s\",\"store\":\"%s\"}",
-		 ok ? "ok" : "unavailable", idem_store_backend(s->store));
+	         ok ? "ok" : "unavailable", idem_store_backend(s->store));
 	a->status = ok ? 200 : 503;
 	a->body = strdup(body);
 	a->len = a->body ? strlen(a->body) : 0;
@@ -216,16 +221,16 @@ typedef struct {
 } route;
 
 static const route routes[] = {
-	{"POST", "/v1/payments", AUTH_BEARER, h_create_payment},
-	{"GET", "/v1/payments", AUTH_BEARER, h_find_payment},
-	{"GET", "/v1/payments/*", AUTH_BEARER, h_get_payment},
-	{"POST", "/v1/refunds", AUTH_BEARER, h_refund},
-	{"POST", "/v1/transfers", AUTH_BEARER, h_transfer},
-	{"GET", "/v1/balance", AUTH_BEARER, h_balance},
-	{"POST", "/v1/notifications/*", AUTH_SIGNATURE, h_notify},
-	{"GET", "/v1/idempotency-records/*/**", AUTH_BEARER, h_record},
-	{"GET", "/healthz", AUTH_NONE, h_healthz},
-	{"GET", "/metrics", AUTH_NONE, h_metrics},
+    {"POST", "/v1/payments", AUTH_BEARER, h_create_payment},
+    {"GET", "/v1/payments", AUTH_BEARER, h_find_payment},
+    {"GET", "/v1/payments/*", AUTH_BEARER, h_get_payment},
+    {"POST", "/v1/refunds", AUTH_BEARER, h_refund},
+    {"POST", "/v1/transfers", AUTH_BEARER, h_transfer},
+    {"GET", "/v1/balance", AUTH_BEARER, h_balance},
+    {"POST", "/v1/notifications/*", AUTH_SIGNATURE, h_notify},
+    {"GET", "/v1/idempotency-records/*/**", AUTH_BEARER, h_record},
+    {"GET", "/healthz", AUTH_NONE, h_healthz},
+    {"GET", "/metrics", AUTH_NONE, h_metrics},
 };
 
 #define NROUTES (sizeof(routes) / sizeof(routes[0]))
@@ -271,7 +276,7 @@ static int match(const char *pattern, const char *path, route_match *m)
 }
 
 int route_prepare(server_state *s, http_req *r, const char *method, const char *path,
-		  route_match *m, http_answer *a)
+                  route_match *m, http_answer *a)
 {
 	int has_get = 0, has_post = 0;
 	const route *found = NULL;
@@ -307,7 +312,7 @@ int route_prepare(server_state *s, http_req *r, const char *method, const char *
 
 		if (!auth || strncasecmp(auth, "Bearer ", 7) != 0) {
 			answer_problem(a, 401, "unauthorized",
-				       "send Authorization: Bearer <api key>");
+			               "send Authorization: Bearer <api key>");
 			return -1;
 		}
 		auth += 7;

@@ -28,6 +28,11 @@ typedef struct {
 	int synchronous_full;
 	int busy_timeout_ms;
 	int max_retries;
+	int batch_max;
+	int batch_wait_us;
+	int writers;
+	int cache_mb;
+	int cache_entries;
 } server_config;
 
 /* ---- logging (log.c) ---- */
@@ -35,7 +40,7 @@ void log_init(log_format fmt);
 /* level: "info", "warn", "error". A message, never a secret. */
 void log_msg(const char *level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void log_request(const char *request_id, const char *method, const char *path, int status,
-		 const char *outcome, double duration_ms);
+                 const char *outcome, double duration_ms);
 
 /* ---- metrics (metrics.c) ---- */
 void metrics_init(void);
@@ -58,10 +63,20 @@ typedef struct {
 	int retry_after;          /* seconds, 0: none */
 	const char *allow;        /* Allow header for 405 */
 	const char *outcome;      /* for the log line: "first", "replay", ... or "-" */
+	int pending;              /* the answer comes later through http_write_done */
 } http_answer;
 
 /* One request as handlers see it. Borrowed for the call. */
 typedef struct http_req http_req;
+
+/*
+ * The write a handler started with an idem_pay_*_async call; its strings
+ * live in the request, which outlives the call. Pass http_write_done and
+ * the request as done/done_ctx and set answer->pending.
+ */
+idem_pay_request *req_write(http_req *r, char **key_buf, size_t *key_size, char **path_buf,
+                            size_t *path_size);
+void http_write_done(void *req, int rc, idem_result *res);
 const char *req_header(http_req *r, const char *name);
 const char *req_query(http_req *r, const char *name);
 int req_header_count(http_req *r, const char *name);
@@ -87,8 +102,8 @@ typedef struct route_match route_match;
 struct route_match {
 	int (*handler)(server_state *s, http_req *r, route_match *m, http_answer *a);
 	char merchant[IDEM_PAY_ID_SIZE]; /* authenticated merchant */
-	char param[320];                  /* path parameter ({id}, {channel}, {type}) */
-	char param2[320];                 /* second path parameter ({key}) */
+	char param[320];                 /* path parameter ({id}, {channel}, {type}) */
+	char param2[320];                /* second path parameter ({key}) */
 	size_t param2_len;
 	int needs_body;
 	int signed_body; /* verify X-Signature with the body, channel = param */
@@ -96,7 +111,7 @@ struct route_match {
 
 /* 0: m is ready to run; else a has the answer. */
 int route_prepare(server_state *s, http_req *r, const char *method, const char *path,
-		  route_match *m, http_answer *a);
+                  route_match *m, http_answer *a);
 
 /* 415 unless a POST's Content-Type, when given, is application/json. */
 int route_check_media(http_req *r, const char *method, http_answer *a);

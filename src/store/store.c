@@ -9,6 +9,8 @@
 #include <string.h>
 
 #include "store/netdb.h"
+#include "core/cache.h"
+#include "core/claim_internal.h"
 #include "util/clock.h"
 #include "util/error.h"
 #include "util/rand.h"
@@ -70,7 +72,9 @@ static int check_opts(const idem_store_opts *o)
 		return idem__error(IDEM_EINVAL, "idem_store_opts version %u not supported", o->version);
 	if (o->busy_timeout_ms < 0 || o->read_connections < 0 || o->read_connections > 64 ||
 	    o->max_retries < 0 || o->max_retries > 100 || o->default_ttl_ms <= 0 ||
-	    o->default_lease_ms <= 0)
+	    o->default_lease_ms <= 0 || o->batch_max < 0 || o->batch_max > 10000 ||
+	    o->batch_wait_us < 0 || o->batch_wait_us > 1000000 || o->writers < 1 ||
+	    o->writers > 64)
 		return idem__error(IDEM_EINVAL, "idem_store_opts out of range");
 	return 0;
 }
@@ -116,6 +120,9 @@ int idem_store_open(idem_store **out, const char *url, const idem_store_opts *op
 		goto done;
 	if (s->opts.migrate && (rc = ops->migrate(s->be, NULL)) < 0)
 		goto done;
+	s->cache = idem__cache_new(s->opts.cache_bytes, s->opts.cache_entries);
+	if (s->opts.batch_max > 1 && (rc = idem__batch_start(&s->batch, s)) < 0)
+		goto done;
 	*out = s;
 	s = NULL;
 	rc = 0;
@@ -128,6 +135,8 @@ void idem_store_close(idem_store *store)
 {
 	if (!store)
 		return;
+	idem__batch_stop(store->batch); /* drains queued units first */
+	idem__cache_free(store->cache);
 	if (store->be)
 		store->ops->close(store->be);
 	idem__metrics_destroy(&store->metrics);

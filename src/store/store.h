@@ -8,11 +8,16 @@
 #include "core/metrics.h"
 #include "store/backend.h"
 
+struct idem__cache;
+struct idem__batch;
+
 struct idem_store {
 	const idem__backend_ops *ops;
 	idem__backend *be;
 	idem_store_opts opts;
 	idem__metrics metrics;
+	struct idem__cache *cache; /* NULL: no front cache */
+	struct idem__batch *batch; /* NULL: no group commit */
 };
 
 /* Sleep a jittered, growing interval before retry number attempt (0-based). */

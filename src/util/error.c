@@ -47,6 +47,11 @@ void idem__error_clear(void)
 	memset(&last_error, 0, sizeof(last_error));
 }
 
+void idem__error_restore(const idem_error *e)
+{
+	last_error = *e;
+}
+
 const idem_error *idem_error_last(void)
 {
 	return &last_error;

@@ -16,4 +16,7 @@ int idem__error_driver(int code, int driver_code, const char *sqlstate, const ch
 
 void idem__error_clear(void);
 
+/* Make e this thread's last error (carrying a result across threads). */
+void idem__error_restore(const idem_error *e);
+
 #endif

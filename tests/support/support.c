@@ -215,6 +215,15 @@ idem_store *test_store_open(const char *url, test_clock *clock)
 		opts.clock = test_clock_read;
 		opts.clock_ctx = clock;
 	}
+	/* The same suites run again with group commit and the front cache on. */
+	if (getenv("IDEM_TEST_BATCH")) {
+		opts.batch_max = (int)strtol(getenv("IDEM_TEST_BATCH"), NULL, 10);
+		opts.writers = 2;
+	}
+	if (getenv("IDEM_TEST_CACHE")) {
+		opts.cache_bytes = 8u << 20;
+		opts.cache_entries = 100000;
+	}
 	rc = idem_store_open(&store, url, &opts);
 	if (rc != 0)
 		fail_msg("idem_store_open(%s): %d %s", url, rc, idem_error_last()->message);

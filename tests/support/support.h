@@ -41,7 +41,9 @@ void test_db_drop(const char *url);
  * calling test with a visible message when that server is not running. */
 const char *test_server_admin_url(const char *backend);
 
-/* Open a store on url with a manual clock (NULL: real time). Fails the test on error. */
+/* Open a store on url with a manual clock (NULL: real time). Fails the test
+ * on error. IDEM_TEST_BATCH=N turns group commit on (batch_max N),
+ * IDEM_TEST_CACHE=1 the front cache, so every suite also runs with them. */
 idem_store *test_store_open(const char *url, test_clock *clock);
 
 /* A scope no other test uses: "t_<random>". Static per call site buffer; caller copies. */

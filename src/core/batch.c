@@ -1,0 +1,302 @@
+/*
+ * core/batch.c: group commit (DESIGN.md §5). Request threads queue units;
+ * a writer thread takes what is queued (up to batch_max, optionally
+ * waiting batch_wait_us for more), runs each unit under its own savepoint
+ * in one transaction, commits once, and only then hands every unit its
+ * answer. One fsync then acknowledges many requests, and no answer leaves
+ * before the COMMIT that makes it durable has returned.
+ *
+ * Why a batch is as safe as a transaction per unit:
+ *  - A unit that fails rolls back to its own savepoint; the others keep
+ *    their effects. Only errors that belong to the unit's own SQL
+ *    (constraint, conflict, invalid) are handled that way; any other error
+ *    may have ended the transaction, so the whole batch is rolled back and
+ *    every unit is run again in a transaction of its own.
+ *  - Two units of one batch with the same key: the second one's INSERT sees
+ *    the first one's row in the same transaction, reads it, and answers
+ *    REPLAY with the first one's body, delivered after the same COMMIT.
+ *  - A failed COMMIT acknowledges nothing: every unit gets the error.
+ *    ERETRY (deadlock, serialization, busy) at any point reruns the units
+ *    one by one, each with its own retries.
+ * Units are routed to writers by a hash of their scope, so all duplicates
+ * of a key, and all of one merchant's rows, meet in one writer.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/claim_internal.h"
+#include "util/error.h"
+#include "util/rand.h"
+
+typedef struct unit {
+	struct unit *next;
+	idem_request req; /* strings borrowed until done */
+	idem__key key;
+	char owner[33];
+	idem_work_fn work;
+	void *ctx;
+	idem_done_fn done;
+	void *done_ctx;
+	idem_result res;
+	int rc;
+	idem_error err; /* the detail of rc, taken on the writer thread */
+} unit;
+
+typedef struct {
+	idem__batch *b;
+	pthread_t thread;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	unit *head, *tail;
+	int queued;
+	int stop;
+	int started;
+} writer;
+
+struct idem__batch {
+	idem_store *store;
+	int nwriters;
+	writer w[];
+};
+
+static void deliver(idem_store *s, unit *u)
+{
+	if (u->rc > 0)
+		u->rc = 0;
+	/* done may read idem_error_last(): give it this unit's, not the batch's last. */
+	if (u->rc < 0)
+		idem__error_restore(&u->err);
+	idem__count(s, u->req.business_type, u->rc, &u->res);
+	u->done(u->done_ctx, u->rc, &u->res);
+	free(u);
+}
+
+/* Errors a unit's own SQL can raise that leave the transaction usable. */
+static int unit_local(int rc)
+{
+	return rc == IDEM_ECONSTRAINT || rc == IDEM_ECONFLICT || rc == IDEM_EINVAL ||
+	       rc == IDEM_ENOTFOUND;
+}
+
+static void run_alone(idem_store *s, unit *u)
+{
+	idem_result_clear(&u->res);
+	u->rc = idem__execute_direct(s, &u->key, &u->req, u->work, u->ctx, &u->res);
+	u->err = *idem_error_last();
+}
+
+static void run_batch(idem_store *s, unit **units, int n)
+{
+	idem_txn *txn = NULL;
+	int rc, i, alone = 0;
+
+	if (n == 1) {
+		run_alone(s, units[0]);
+		deliver(s, units[0]);
+		return;
+	}
+	if ((rc = s->ops->txn_begin(s->be, &txn)) < 0) {
+		alone = 1;
+		goto finish;
+	}
+	for (i = 0; i < n; i++) {
+		unit *u = units[i];
+
+		u->rc = idem__run_unit(txn, &u->key, &u->req, u->owner, u->work, u->ctx, &u->res);
+		u->err = *idem_error_last();
+		if (u->rc < 0 && !unit_local(u->rc)) {
+			s->ops->txn_rollback(txn);
+			alone = 1;
+			goto finish;
+		}
+		if (u->rc < 0)
+			idem_result_clear(&u->res);
+	}
+	if ((rc = s->ops->txn_commit(txn)) == IDEM_ERETRY) {
+		alone = 1;
+	} else if (rc < 0) {
+		/* Not committed: nothing of this batch may be acknowledged. */
+		idem__store_count_error(s, rc);
+		for (i = 0; i < n; i++) {
+			idem_result_clear(&units[i]->res);
+			units[i]->rc = rc;
+			units[i]->err = *idem_error_last();
+		}
+	} else {
+		for (i = 0; i < n; i++)
+			if (units[i]->rc == 0)
+				idem__cache_after_commit(s, &units[i]->key, &units[i]->req,
+				                         &units[i]->res);
+	}
+finish:
+	for (i = 0; i < n; i++) {
+		if (alone)
+			run_alone(s, units[i]);
+		deliver(s, units[i]);
+	}
+}
+
+static void *writer_main(void *arg)
+{
+	writer *w = arg;
+	idem_store *s = w->b->store;
+	int max = s->opts.batch_max, wait_us = s->opts.batch_wait_us;
+	unit **units = calloc((size_t)max, sizeof(unit *)), *one[1];
+
+	if (!units) { /* no memory for a batch: one unit at a time still works */
+		units = one;
+		max = 1;
+	}
+
+	for (;;) {
+		unit *u;
+		int n = 0;
+
+		pthread_mutex_lock(&w->lock);
+		while (!w->head && !w->stop)
+			pthread_cond_wait(&w->cond, &w->lock);
+		if (!w->head) {
+			pthread_mutex_unlock(&w->lock);
+			break;
+		}
+		if (wait_us > 0 && w->queued < max && !w->stop) {
+			struct timespec until;
+
+			clock_gettime(CLOCK_REALTIME, &until);
+			until.tv_nsec += (long)wait_us * 1000;
+			until.tv_sec += until.tv_nsec / 1000000000;
+			until.tv_nsec %= 1000000000;
+			while (w->queued < max && !w->stop &&
+			       pthread_cond_timedwait(&w->cond, &w->lock, &until) != ETIMEDOUT)
+				;
+		}
+		while ((u = w->head) && n < max) {
+			w->head = u->next;
+			w->queued--;
+			units[n++] = u;
+		}
+		if (!w->head)
+			w->tail = NULL;
+		pthread_mutex_unlock(&w->lock);
+		run_batch(s, units, n);
+	}
+	if (units != one)
+		free(units);
+	return NULL;
+}
+
+int idem__batch_start(idem__batch **out, idem_store *store)
+{
+	/* SQLite has one writer per database: more threads would only queue. */
+	int n = strcmp(store->ops->name, "sqlite") == 0 ? 1 : store->opts.writers;
+	idem__batch *b = calloc(1, sizeof(*b) + (size_t)n * sizeof(writer));
+
+	*out = NULL;
+	if (!b)
+		return idem__error(IDEM_ENOMEM, "out of memory");
+	b->store = store;
+	b->nwriters = n;
+	for (int i = 0; i < n; i++) {
+		writer *w = &b->w[i];
+
+		w->b = b;
+		pthread_mutex_init(&w->lock, NULL);
+		pthread_cond_init(&w->cond, NULL);
+		if (pthread_create(&w->thread, NULL, writer_main, w) != 0) {
+			idem__batch_stop(b);
+			return idem__error(IDEM_ENOMEM, "cannot start group commit writer");
+		}
+		w->started = 1;
+	}
+	*out = b;
+	return 0;
+}
+
+void idem__batch_stop(idem__batch *b)
+{
+	if (!b)
+		return;
+	for (int i = 0; i < b->nwriters; i++) {
+		writer *w = &b->w[i];
+
+		if (!w->started)
+			continue;
+		pthread_mutex_lock(&w->lock);
+		w->stop = 1;
+		pthread_cond_broadcast(&w->cond);
+		pthread_mutex_unlock(&w->lock);
+		pthread_join(w->thread, NULL);
+	}
+	for (int i = 0; i < b->nwriters; i++) {
+		pthread_mutex_destroy(&b->w[i].lock);
+		pthread_cond_destroy(&b->w[i].cond);
+	}
+	free(b);
+}
+
+static unsigned scope_hash(const char *s)
+{
+	unsigned h = 2166136261u;
+
+	for (; *s; s++)
+		h = (h ^ (unsigned char)*s) * 16777619u;
+	return h;
+}
+
+void idem_execute_async(idem_store *store, const idem_request *req, idem_work_fn work, void *ctx,
+                        idem_done_fn done, void *done_ctx)
+{
+	idem_result res = {0};
+	idem__key k;
+	unit *u = NULL;
+	writer *w;
+	int rc;
+
+	if ((rc = idem__request_key(&k, req)) < 0) {
+		done(done_ctx, rc, &res);
+		return;
+	}
+	if (!work) {
+		rc = idem__error(IDEM_EINVAL, "idem_execute_async: work is required");
+		goto answer;
+	}
+	if ((rc = idem__fast_path(store, &k, req->fingerprint, &res)) != 0)
+		goto answer;
+	if (!store->batch) {
+		rc = idem__execute_direct(store, &k, req, work, ctx, &res);
+		goto answer;
+	}
+	if (!(u = calloc(1, sizeof(*u)))) {
+		rc = idem__error(IDEM_ENOMEM, "out of memory");
+		goto answer;
+	}
+	u->req = *req;
+	if ((rc = idem__request_key(&u->key, &u->req)) < 0 ||
+	    (rc = idem__rand_hex(u->owner, 16)) < 0) {
+		free(u);
+		goto answer;
+	}
+	u->work = work;
+	u->ctx = ctx;
+	u->done = done;
+	u->done_ctx = done_ctx;
+	w = &store->batch->w[scope_hash(req->scope) % (unsigned)store->batch->nwriters];
+	pthread_mutex_lock(&w->lock);
+	if (w->tail)
+		w->tail->next = u;
+	else
+		w->head = u;
+	w->tail = u;
+	w->queued++;
+	pthread_cond_signal(&w->cond);
+	pthread_mutex_unlock(&w->lock);
+	return;
+answer:
+	if (rc > 0)
+		rc = 0;
+	idem__count(store, req->business_type, rc, &res);
+	done(done_ctx, rc, &res);
+}

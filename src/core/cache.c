@@ -1,0 +1,279 @@
+/*
+ * core/cache.c: a sharded LRU of completed responses, bounded in bytes and
+ * entries. Each shard is a hash table with chaining plus an LRU list under
+ * one mutex; a lookup hashes the key once, locks one shard and copies the
+ * body out (entries may be evicted as soon as the lock is dropped). The
+ * byte count includes the key and a fixed per-entry overhead, so the cap
+ * bounds real memory, not just bodies.
+ */
+#include "core/cache.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/error.h"
+
+#define SHARDS         16
+#define ENTRY_OVERHEAD 96
+
+typedef struct entry {
+	struct entry *hnext;       /* hash chain */
+	struct entry *prev, *next; /* LRU, most recent at head */
+	uint64_t hash;
+	int64_t expires_at;
+	int http_status;
+	char fp[IDEM_FINGERPRINT_LEN + 1];
+	size_t key_len, body_len;
+	unsigned char *body;
+	char key[]; /* scope \0 type \0 key */
+} entry;
+
+typedef struct {
+	pthread_mutex_t lock;
+	entry **table;
+	size_t nbuckets;
+	entry *head, *tail;
+	size_t bytes, entries;
+} shard;
+
+struct idem__cache {
+	shard shards[SHARDS];
+	size_t max_bytes, max_entries; /* per shard */
+	_Atomic uint64_t hits, misses, evictions;
+};
+
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
+{
+	const unsigned char *b = p;
+
+	for (size_t i = 0; i < n; i++) {
+		h ^= b[i];
+		h *= 1099511628211ULL;
+	}
+	return h;
+}
+
+/* The flat key: scope \0 type \0 key; returns its length. */
+static size_t flat_key(char *out, const idem__key *k)
+{
+	size_t n = 0;
+
+	memcpy(out + n, k->scope, k->scope_len);
+	n += k->scope_len;
+	out[n++] = '\0';
+	memcpy(out + n, k->type, k->type_len);
+	n += k->type_len;
+	out[n++] = '\0';
+	memcpy(out + n, k->key, k->key_len);
+	return n + k->key_len;
+}
+
+#define FLAT_MAX (IDEM_SCOPE_MAX + IDEM_TYPE_MAX + IDEM_KEY_MAX + 2)
+
+idem__cache *idem__cache_new(size_t max_bytes, size_t max_entries)
+{
+	idem__cache *c;
+
+	if (max_bytes == 0 || max_entries == 0)
+		return NULL;
+	if (!(c = calloc(1, sizeof(*c))))
+		return NULL;
+	c->max_bytes = max_bytes / SHARDS ? max_bytes / SHARDS : 1;
+	c->max_entries = max_entries / SHARDS ? max_entries / SHARDS : 1;
+	for (int i = 0; i < SHARDS; i++) {
+		shard *s = &c->shards[i];
+
+		pthread_mutex_init(&s->lock, NULL);
+		s->nbuckets = 1024;
+		while (s->nbuckets < c->max_entries && s->nbuckets < (1u << 22))
+			s->nbuckets *= 2;
+		if (!(s->table = calloc(s->nbuckets, sizeof(entry *)))) {
+			idem__cache_free(c);
+			return NULL;
+		}
+	}
+	return c;
+}
+
+void idem__cache_free(idem__cache *c)
+{
+	if (!c)
+		return;
+	for (int i = 0; i < SHARDS; i++) {
+		shard *s = &c->shards[i];
+
+		for (entry *e = s->head, *n; e; e = n) {
+			n = e->next;
+			free(e->body);
+			free(e);
+		}
+		free(s->table);
+		pthread_mutex_destroy(&s->lock);
+	}
+	free(c);
+}
+
+static size_t cost(const entry *e)
+{
+	return ENTRY_OVERHEAD + e->key_len + e->body_len;
+}
+
+static void lru_unlink(shard *s, entry *e)
+{
+	if (e->prev)
+		e->prev->next = e->next;
+	else
+		s->head = e->next;
+	if (e->next)
+		e->next->prev = e->prev;
+	else
+		s->tail = e->prev;
+	e->prev = e->next = NULL;
+}
+
+static void lru_push(shard *s, entry *e)
+{
+	e->next = s->head;
+	e->prev = NULL;
+	if (s->head)
+		s->head->prev = e;
+	s->head = e;
+	if (!s->tail)
+		s->tail = e;
+}
+
+/* Remove e from its shard entirely and free it. */
+static void drop(shard *s, entry *e)
+{
+	entry **pp = &s->table[e->hash & (s->nbuckets - 1)];
+
+	while (*pp && *pp != e)
+		pp = &(*pp)->hnext;
+	if (*pp)
+		*pp = e->hnext;
+	lru_unlink(s, e);
+	s->bytes -= cost(e);
+	s->entries--;
+	free(e->body);
+	free(e);
+}
+
+static entry *find(shard *s, uint64_t h, const char *flat, size_t n)
+{
+	for (entry *e = s->table[h & (s->nbuckets - 1)]; e; e = e->hnext)
+		if (e->hash == h && e->key_len == n && memcmp(e->key, flat, n) == 0)
+			return e;
+	return NULL;
+}
+
+int idem__cache_get(idem__cache *c, const idem__key *k, const char *fp, int64_t now,
+                    idem_result *out)
+{
+	char flat[FLAT_MAX];
+	size_t n;
+	uint64_t h;
+	shard *s;
+	entry *e;
+	int rc = 0;
+
+	if (!c)
+		return 0;
+	n = flat_key(flat, k);
+	h = fnv1a(14695981039346656037ULL, flat, n);
+	s = &c->shards[h % SHARDS];
+	pthread_mutex_lock(&s->lock);
+	e = find(s, h, flat, n);
+	if (e && e->expires_at <= now) {
+		drop(s, e);
+		e = NULL;
+	}
+	if (e) {
+		lru_unlink(s, e);
+		lru_push(s, e);
+		if (strcmp(e->fp, fp) != 0) {
+			out->outcome = IDEM_MISMATCH;
+			rc = 1;
+		} else if ((out->body = malloc(e->body_len ? e->body_len : 1))) {
+			memcpy(out->body, e->body, e->body_len);
+			out->body_len = e->body_len;
+			out->http_status = e->http_status;
+			out->outcome = IDEM_REPLAY;
+			rc = 1;
+		} else {
+			rc = idem__error(IDEM_ENOMEM, "out of memory");
+		}
+		if (rc == 1)
+			out->expires_at_ms = e->expires_at;
+	}
+	pthread_mutex_unlock(&s->lock);
+	atomic_fetch_add_explicit(rc == 1 ? &c->hits : &c->misses, 1, memory_order_relaxed);
+	return rc;
+}
+
+void idem__cache_put(idem__cache *c, const idem__key *k, const char *fp, int http_status,
+                     const unsigned char *body, size_t len, int64_t expires_at, int64_t now)
+{
+	char flat[FLAT_MAX];
+	size_t n;
+	uint64_t h;
+	shard *s;
+	entry *e;
+
+	if (!c || expires_at <= now)
+		return;
+	n = flat_key(flat, k);
+	/* One body must not push a quarter of a shard out. */
+	if (ENTRY_OVERHEAD + n + len > c->max_bytes / 4)
+		return;
+	if (!(e = malloc(sizeof(*e) + n)))
+		return;
+	if (!(e->body = malloc(len ? len : 1))) {
+		free(e);
+		return;
+	}
+	memcpy(e->key, flat, n);
+	if (len)
+		memcpy(e->body, body, len);
+	memcpy(e->fp, fp, sizeof(e->fp));
+	e->key_len = n;
+	e->body_len = len;
+	e->http_status = http_status;
+	e->expires_at = expires_at;
+	e->hash = h = fnv1a(14695981039346656037ULL, flat, n);
+	e->prev = e->next = NULL;
+	s = &c->shards[h % SHARDS];
+	pthread_mutex_lock(&s->lock);
+	{
+		entry *old = find(s, h, flat, n);
+
+		if (old)
+			drop(s, old);
+	}
+	e->hnext = s->table[h & (s->nbuckets - 1)];
+	s->table[h & (s->nbuckets - 1)] = e;
+	lru_push(s, e);
+	s->bytes += cost(e);
+	s->entries++;
+	while (s->tail && (s->bytes > c->max_bytes || s->entries > c->max_entries)) {
+		drop(s, s->tail);
+		atomic_fetch_add_explicit(&c->evictions, 1, memory_order_relaxed);
+	}
+	pthread_mutex_unlock(&s->lock);
+}
+
+void idem__cache_stats_get(idem__cache *c, idem__cache_stats *out)
+{
+	memset(out, 0, sizeof(*out));
+	if (!c)
+		return;
+	out->hits = atomic_load(&c->hits);
+	out->misses = atomic_load(&c->misses);
+	out->evictions = atomic_load(&c->evictions);
+	for (int i = 0; i < SHARDS; i++) {
+		pthread_mutex_lock(&c->shards[i].lock);
+		out->entries += c->shards[i].entries;
+		out->bytes += c->shards[i].bytes;
+		pthread_mutex_unlock(&c->shards[i].lock);
+	}
+}

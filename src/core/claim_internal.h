@@ -1,0 +1,37 @@
+/*
+ * core/claim_internal.h: the pieces of the claim protocol that the group
+ * commit writer (batch.c) shares with the direct path (claim.c).
+ */
+#ifndef IDEM_CORE_CLAIM_INTERNAL_H
+#define IDEM_CORE_CLAIM_INTERNAL_H
+
+#include "store/store.h"
+
+/* Validate req and point k at its parts. */
+int idem__request_key(idem__key *k, const idem_request *req);
+
+/* Cache, then read connection: 1 when out is answered, 0 to go on, <0 error. */
+int idem__fast_path(idem_store *s, const idem__key *k, const char *fp, idem_result *out);
+
+/* Claim, work and complete one unit under its own savepoint inside txn. */
+int idem__run_unit(idem_txn *txn, const idem__key *k, const idem_request *req, const char *owner,
+                   idem_work_fn work, void *ctx, idem_result *out);
+
+/* One unit in a transaction of its own, with retries; caches the answer. */
+int idem__execute_direct(idem_store *store, const idem__key *k, const idem_request *req,
+                         idem_work_fn work, void *ctx, idem_result *out);
+
+/* After a COMMIT returned: remember a completed answer in the front cache. */
+void idem__cache_after_commit(idem_store *s, const idem__key *k, const idem_request *req,
+                              const idem_result *res);
+
+/* Count one claim's outcome (or error) in the store's metrics. */
+void idem__count(idem_store *s, const char *type, int rc, const idem_result *out);
+
+/* Group commit writers: started by idem_store_open when opts.batch_max > 1. */
+typedef struct idem__batch idem__batch;
+int idem__batch_start(idem__batch **out, idem_store *store);
+/* Drain the queues, then stop and free the writers. NULL is accepted. */
+void idem__batch_stop(idem__batch *b);
+
+#endif

@@ -1,0 +1,259 @@
+/*
+ * tests/core/test_batch.c: group commit. Units queued together run in one
+ * transaction under their own savepoints: a failing unit rolls back alone,
+ * a failing COMMIT acknowledges nobody, and closing the store drains the
+ * queue with every answer delivered.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "support.h"
+
+#define UNITS 10
+
+typedef struct {
+	const char *scope;
+	char key[16];
+	const char *sql; /* run instead of the work_log insert */
+	int done, rc;
+	idem_result res;
+	pthread_mutex_t *lock;
+	pthread_cond_t *cond;
+} job;
+
+static int work(idem_txn *txn, void *ctx, idem_response *resp)
+{
+	job *j = ctx;
+	idem_value p[2] = {IDEM_V_TEXT(j->scope), IDEM_V_TEXT(j->key)};
+	int rc = idem_txn_exec(
+	    txn, j->sql ? j->sql : "INSERT INTO work_log (scope, k, worker) VALUES (?, ?, 1)", p,
+	    j->sql ? 0 : 2, NULL);
+
+	if (rc < 0)
+		return rc;
+	return idem_response_set(resp, 201, j->key, strlen(j->key));
+}
+
+static void on_done(void *ctx, int rc, idem_result *res)
+{
+	job *j = ctx;
+
+	pthread_mutex_lock(j->lock);
+	j->rc = rc;
+	j->res = *res;
+	memset(res, 0, sizeof(*res));
+	j->done = 1;
+	pthread_cond_broadcast(j->cond);
+	pthread_mutex_unlock(j->lock);
+}
+
+typedef struct {
+	char *url;
+	idem_store *store;
+	char scope[40];
+	char fp[65];
+	job jobs[UNITS];
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+} fixture;
+
+static int setup(void **state)
+{
+	fixture *f = calloc(1, sizeof(*f));
+	idem_store_opts opts = IDEM_STORE_OPTS_INIT;
+
+	f->url = test_db_url();
+	opts.batch_max = 64;
+	opts.batch_wait_us = 300000; /* long enough that all ten land in one batch */
+	if (idem_store_open(&f->store, f->url, &opts) != 0)
+		fail_msg("open: %s", idem_error_last()->message);
+	test_create_work_log(f->store);
+	test_scope(f->scope);
+	test_fp(f->fp, "{}");
+	pthread_mutex_init(&f->lock, NULL);
+	pthread_cond_init(&f->cond, NULL);
+	*state = f;
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	fixture *f = *state;
+
+	idem_store_close(f->store);
+	for (int i = 0; i < UNITS; i++)
+		idem_result_clear(&f->jobs[i].res);
+	pthread_mutex_destroy(&f->lock);
+	pthread_cond_destroy(&f->cond);
+	test_db_drop(f->url);
+	free(f->url);
+	free(f);
+	return 0;
+}
+
+static void submit_all(fixture *f, int bad, const char *bad_sql)
+{
+	for (int i = 0; i < UNITS; i++) {
+		job *j = &f->jobs[i];
+		idem_request r = IDEM_REQUEST_INIT;
+
+		idem_result_clear(&j->res);
+		j->scope = f->scope;
+		snprintf(j->key, sizeof(j->key), "B%d", i);
+		j->sql = i == bad ? bad_sql : NULL;
+		j->done = 0;
+		j->lock = &f->lock;
+		j->cond = &f->cond;
+		r.scope = f->scope;
+		r.business_type = "payment";
+		r.key = j->key;
+		r.key_len = strlen(j->key);
+		r.fingerprint = f->fp;
+		idem_execute_async(f->store, &r, work, j, on_done, j);
+	}
+}
+
+static void wait_all(fixture *f)
+{
+	pthread_mutex_lock(&f->lock);
+	for (int i = 0; i < UNITS; i++)
+		while (!f->jobs[i].done)
+			pthread_cond_wait(&f->cond, &f->lock);
+	pthread_mutex_unlock(&f->lock);
+}
+
+static int record_exists(fixture *f, const char *key)
+{
+	idem_record_info info;
+	int rc = idem_record_get(&info, f->store, f->scope, "payment", key, strlen(key));
+
+	idem_record_info_clear(&info);
+	return rc == 0;
+}
+
+static void failing_unit_rolls_back_alone(void **state)
+{
+	fixture *f = *state;
+
+	submit_all(f, 5, "INSERT INTO work_log (scope, k, worker) VALUES (NULL, 'x', 1)");
+	wait_all(f);
+	for (int i = 0; i < UNITS; i++) {
+		job *j = &f->jobs[i];
+
+		if (i == 5) {
+			assert_int_equal(j->rc, IDEM_ECONSTRAINT);
+			assert_false(record_exists(f, j->key));
+			continue;
+		}
+		assert_int_equal(j->rc, 0);
+		assert_int_equal(j->res.outcome, IDEM_FIRST);
+		assert_int_equal(j->res.stored, 1);
+		assert_memory_equal(j->res.body, j->key, strlen(j->key));
+		assert_int_equal(test_work_count(f->store, f->scope, j->key), 1);
+		assert_true(record_exists(f, j->key));
+	}
+}
+
+static int create_fk(idem_txn *txn, void *ctx)
+{
+	int rc;
+
+	(void)ctx;
+	if ((rc = idem_txn_exec(txn, "CREATE TABLE parent (id INTEGER PRIMARY KEY)", NULL, 0,
+	                        NULL)) < 0)
+		return rc;
+	return idem_txn_exec(txn,
+	                     "CREATE TABLE child (pid INTEGER REFERENCES parent (id)"
+	                     " DEFERRABLE INITIALLY DEFERRED)",
+	                     NULL, 0, NULL);
+}
+
+/*
+ * A deferred foreign key lets every statement pass and makes the COMMIT
+ * fail: the batch's one COMMIT fails, so nobody may be acknowledged.
+ */
+static void failed_commit_acknowledges_none(void **state)
+{
+	fixture *f = *state;
+
+	assert_int_equal(idem_store_transact(f->store, create_fk, NULL), 0);
+	submit_all(f, 3, "INSERT INTO child (pid) VALUES (999)");
+	wait_all(f);
+	for (int i = 0; i < UNITS; i++) {
+		job *j = &f->jobs[i];
+
+		if (j->rc == 0)
+			fail_msg("unit %d acknowledged though the COMMIT failed", i);
+		assert_int_equal(j->res.body, NULL);
+		assert_false(record_exists(f, j->key));
+		assert_int_equal(test_work_count(f->store, f->scope, j->key), 0);
+	}
+	/* Nothing was taken: the same keys run afresh. */
+	submit_all(f, -1, NULL);
+	wait_all(f);
+	for (int i = 0; i < UNITS; i++) {
+		assert_int_equal(f->jobs[i].rc, 0);
+		assert_int_equal(f->jobs[i].res.outcome, IDEM_FIRST);
+	}
+}
+
+/* Duplicates in one batch: one execution, the rest replay its body. */
+static void duplicates_in_one_batch(void **state)
+{
+	fixture *f = *state;
+
+	for (int i = 0; i < UNITS; i++) {
+		job *j = &f->jobs[i];
+		idem_request r = IDEM_REQUEST_INIT;
+
+		j->scope = f->scope;
+		snprintf(j->key, sizeof(j->key), "SAME");
+		j->sql = NULL;
+		j->lock = &f->lock;
+		j->cond = &f->cond;
+		r.scope = f->scope;
+		r.business_type = "payment";
+		r.key = j->key;
+		r.key_len = 4;
+		r.fingerprint = f->fp;
+		idem_execute_async(f->store, &r, work, j, on_done, j);
+	}
+	wait_all(f);
+	assert_int_equal(f->jobs[0].res.outcome, IDEM_FIRST);
+	for (int i = 1; i < UNITS; i++) {
+		assert_int_equal(f->jobs[i].rc, 0);
+		assert_int_equal(f->jobs[i].res.outcome, IDEM_REPLAY);
+		assert_memory_equal(f->jobs[i].res.body, "SAME", 4);
+	}
+	assert_int_equal(test_work_count(f->store, f->scope, "SAME"), 1);
+}
+
+/* Closing the store delivers every queued unit's answer, committed. */
+static void close_drains(void **state)
+{
+	fixture *f = *state;
+
+	submit_all(f, -1, NULL);
+	idem_store_close(f->store);
+	f->store = test_store_open(f->url, NULL);
+	for (int i = 0; i < UNITS; i++) {
+		assert_true(f->jobs[i].done);
+		assert_int_equal(f->jobs[i].rc, 0);
+		assert_true(record_exists(f, f->jobs[i].key));
+	}
+}
+
+#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+	    T(failing_unit_rolls_back_alone),
+	    T(failed_commit_acknowledges_none),
+	    T(duplicates_in_one_batch),
+	    T(close_drains),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
