@@ -30,9 +30,9 @@
 #include "store/store.h"
 #include "util/error.h"
 #include "util/rand.h"
+#include "util/waiter.h"
 
 #define OUTCOME_TAKEOVER 0
-
 
 struct idem_claim {
 	idem_store *store;
@@ -98,17 +98,17 @@ static int fingerprint_validate(const char *s)
 }
 
 static int key_from_parts(idem__key *k, const char *scope, const char *type, const char *key,
-			  size_t key_len)
+                          size_t key_len)
 {
 	if (!scope || idem_token_validate(scope, strlen(scope), IDEM_SCOPE_MAX) < 0)
 		return idem__error(IDEM_EINVAL, "scope must be 1..%d bytes of 0x21..0x7E",
-				   IDEM_SCOPE_MAX);
+		                   IDEM_SCOPE_MAX);
 	if (type_validate(type) < 0)
 		return idem__error(IDEM_EINVAL, "business type must be 1..%d of [a-z0-9_]",
-				   IDEM_TYPE_MAX);
+		                   IDEM_TYPE_MAX);
 	if (!key || idem_key_validate(key, key_len) < 0)
 		return idem__error(IDEM_EINVAL, "idempotency key must be 1..%d bytes of 0x21..0x7E",
-				   IDEM_KEY_MAX);
+		                   IDEM_KEY_MAX);
 	k->scope = scope;
 	k->scope_len = strlen(scope);
 	k->type = type;
@@ -182,7 +182,7 @@ int idem__fast_path(idem_store *s, const idem__key *k, const char *fp, idem_resu
 	outcome = classify(&ex, fp, now);
 	if (outcome == IDEM_REPLAY)
 		idem__cache_put(s->cache, k, ex.fingerprint, ex.http_status, ex.body, ex.body_len,
-				ex.expires_at, now);
+		                ex.expires_at, now);
 	if (outcome != OUTCOME_TAKEOVER)
 		answer_from(out, outcome, &ex, now);
 	idem__record_clear(&ex);
@@ -190,11 +190,11 @@ int idem__fast_path(idem_store *s, const idem__key *k, const char *fp, idem_resu
 }
 
 void idem__cache_after_commit(idem_store *s, const idem__key *k, const idem_request *req,
-			      const idem_result *res)
+                              const idem_result *res)
 {
 	if ((res->outcome == IDEM_FIRST && res->stored) || res->outcome == IDEM_REPLAY)
 		idem__cache_put(s->cache, k, req->fingerprint, res->http_status, res->body,
-				res->body_len, res->expires_at_ms, idem_store_now(s));
+		                res->body_len, res->expires_at_ms, idem_store_now(s));
 }
 
 static int64_t ttl_of(const idem_store *s, const idem_request *req)
@@ -212,7 +212,7 @@ static int64_t lease_of(const idem_store *s, const idem_request *req)
  * id, held PROCESSING by owner. Otherwise out holds the answer.
  */
 static int claim_in_txn(idem_txn *txn, const idem__key *k, const idem_request *req,
-			const char *owner, int64_t *id_out, idem_result *out)
+                        const char *owner, int64_t *id_out, idem_result *out)
 {
 	idem_store *s = txn->store;
 	int64_t now = idem_store_now(s);
@@ -272,7 +272,7 @@ static idem__status status_for(int http_status)
  * transaction and savepoint.
  */
 static int work_and_complete(idem_txn *txn, int64_t id, const char *owner, idem_work_fn work,
-			     void *ctx, idem_result *out)
+                             void *ctx, idem_result *out)
 {
 	const idem__backend_ops *ops = txn->store->ops;
 	idem_response resp = {0, NULL, 0, 1};
@@ -282,12 +282,12 @@ static int work_and_complete(idem_txn *txn, int64_t id, const char *owner, idem_
 		goto done;
 	if (resp.http_status < 100 || resp.http_status > 599) {
 		rc = idem__error(IDEM_EINVAL, "unit of work answered HTTP status %d",
-				 resp.http_status);
+		                 resp.http_status);
 		goto done;
 	}
 	if (resp.persist) {
 		rc = ops->rec_complete(txn, id, owner, status_for(resp.http_status),
-				       resp.http_status, resp.body, resp.body_len, &changed);
+		                       resp.http_status, resp.body, resp.body_len, &changed);
 		if (rc == 0 && !changed)
 			rc = idem__error(IDEM_ELEASE, "the claim's lease was taken over");
 		if (rc < 0)
@@ -310,7 +310,7 @@ done:
  * be kept rolls the unit back too: nothing of it remains but the answer.
  */
 int idem__run_unit(idem_txn *txn, const idem__key *k, const idem_request *req, const char *owner,
-		   idem_work_fn work, void *ctx, idem_result *out)
+                   idem_work_fn work, void *ctx, idem_result *out)
 {
 	const idem__backend_ops *ops = txn->store->ops;
 	int64_t id = 0;
@@ -342,61 +342,40 @@ void idem__count(idem_store *s, const char *type, int rc, const idem_result *out
 		idem__store_count_error(s, rc);
 }
 
-int idem__execute_direct(idem_store *store, const idem__key *k, const idem_request *req,
-			 idem_work_fn work, void *ctx, idem_result *out)
-{
+/* What one transaction of the claim protocol needs: a closure for idem__with_txn. */
+typedef struct {
+	const idem__key *k;
+	const idem_request *req;
+	idem_claim *claim; /* two-phase: its record; atomic: only the owner */
 	char owner[33];
+	int64_t id;
+	idem_work_fn work;
+	void *ctx;
+	idem_result *out;
+} step;
+
+static int unit_step(idem_txn *txn, void *arg)
+{
+	step *s = arg;
+
+	return idem__run_unit(txn, s->k, s->req, s->owner, s->work, s->ctx, s->out);
+}
+
+int idem__execute_direct(idem_store *store, const idem__key *k, const idem_request *req,
+                         idem_work_fn work, void *ctx, idem_result *out)
+{
+	step s = {k, req, NULL, "", 0, work, ctx, out};
 	int rc;
 
-	if ((rc = idem__rand_hex(owner, 16)) < 0)
+	if ((rc = idem__rand_hex(s.owner, 16)) < 0)
 		return rc;
-	for (int attempt = 0;; attempt++) {
-		idem_txn *txn = NULL;
-
-		if ((rc = store->ops->txn_begin(store->be, &txn)) == 0) {
-			rc = idem__run_unit(txn, k, req, owner, work, ctx, out);
-			if (rc < 0)
-				store->ops->txn_rollback(txn);
-			else
-				rc = store->ops->txn_commit(txn);
-		}
-		if (rc == 0)
-			break;
-		/* Nothing was committed: whatever the unit answered is void. */
-		idem_result_clear(out);
-		if (rc != IDEM_ERETRY || attempt >= store->opts.max_retries)
-			break;
-		idem__retry_backoff(attempt);
-	}
-	if (rc == 0)
+	if ((rc = idem__with_txn(store, unit_step, &s, out)) == 0)
 		idem__cache_after_commit(store, k, req, out);
 	return rc;
 }
 
-typedef struct {
-	pthread_mutex_t lock;
-	pthread_cond_t cond;
-	int done, rc;
-	idem_result *out;
-	idem_error err;
-} waiter;
-
-static void wake(void *ctx, int rc, idem_result *res)
-{
-	waiter *w = ctx;
-
-	pthread_mutex_lock(&w->lock);
-	*w->out = *res;
-	memset(res, 0, sizeof(*res));
-	w->rc = rc;
-	w->err = *idem_error_last();
-	w->done = 1;
-	pthread_cond_signal(&w->cond);
-	pthread_mutex_unlock(&w->lock);
-}
-
 int idem_execute(idem_result *out, idem_store *store, const idem_request *req, idem_work_fn work,
-		 void *ctx)
+                 void *ctx)
 {
 	idem__key k;
 	int rc;
@@ -404,18 +383,11 @@ int idem_execute(idem_result *out, idem_store *store, const idem_request *req, i
 	memset(out, 0, sizeof(*out));
 	if (store->batch) {
 		/* Group commit: queue like everyone else and wait for the COMMIT. */
-		waiter w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, out, {0}};
+		idem__waiter w;
 
-		idem_execute_async(store, req, work, ctx, wake, &w);
-		pthread_mutex_lock(&w.lock);
-		while (!w.done)
-			pthread_cond_wait(&w.cond, &w.lock);
-		pthread_mutex_unlock(&w.lock);
-		pthread_mutex_destroy(&w.lock);
-		pthread_cond_destroy(&w.cond);
-		if (w.rc < 0)
-			idem__error_restore(&w.err);
-		return w.rc;
+		idem__waiter_init(&w);
+		idem_execute_async(store, req, work, ctx, idem__waiter_done, &w);
+		return idem__waiter_wait(&w, out);
 	}
 	if ((rc = idem__request_key(&k, req)) < 0)
 		return rc;
@@ -429,8 +401,15 @@ int idem_execute(idem_result *out, idem_store *store, const idem_request *req, i
 	return rc;
 }
 
+static int begin_step(idem_txn *txn, void *arg)
+{
+	step *s = arg;
+
+	return claim_in_txn(txn, s->k, s->req, s->claim->owner, &s->id, s->out);
+}
+
 int idem_claim_begin(idem_claim **out_claim, idem_result *out, idem_store *store,
-		     const idem_request *req)
+                     const idem_request *req)
 {
 	idem__key k;
 	idem_claim *c = NULL;
@@ -449,22 +428,11 @@ int idem_claim_begin(idem_claim **out_claim, idem_result *out, idem_store *store
 	}
 	if ((rc = idem__rand_hex(c->owner, 16)) < 0)
 		goto done;
-	for (int attempt = 0;; attempt++) {
-		idem_txn *txn = NULL;
+	{
+		step s = {&k, req, c, "", 0, NULL, NULL, out};
 
-		if ((rc = store->ops->txn_begin(store->be, &txn)) == 0) {
-			rc = claim_in_txn(txn, &k, req, c->owner, &id, out);
-			if (rc < 0)
-				store->ops->txn_rollback(txn);
-			else
-				rc = store->ops->txn_commit(txn);
-		}
-		if (rc == 0)
-			break;
-		idem_result_clear(out);
-		if (rc != IDEM_ERETRY || attempt >= store->opts.max_retries)
-			break;
-		idem__retry_backoff(attempt);
+		rc = idem__with_txn(store, begin_step, &s, out);
+		id = s.id;
 	}
 	if (rc == 0 && out->outcome == IDEM_FIRST) {
 		c->store = store;
@@ -483,41 +451,44 @@ done:
 
 typedef enum { OP_COMPLETE, OP_EXTEND, OP_ABORT } owned_op;
 
+typedef struct {
+	idem_claim *c;
+	owned_op op;
+	int http_status;
+	const void *body;
+	size_t len;
+	int64_t lease_ms;
+} owned;
+
+static int owned_step(idem_txn *txn, void *arg)
+{
+	owned *o = arg;
+	idem_claim *c = o->c;
+	const idem__backend_ops *ops = txn->store->ops;
+	int rc, changed = 0;
+
+	if (o->op == OP_COMPLETE)
+		rc = ops->rec_complete(txn, c->id, c->owner, status_for(o->http_status),
+		                       o->http_status, o->body, o->len, &changed);
+	else if (o->op == OP_EXTEND)
+		rc = ops->rec_extend(txn, c->id, c->owner, idem_store_now(c->store) + o->lease_ms,
+		                     &changed);
+	else
+		rc = ops->rec_delete_owned(txn, c->id, c->owner, &changed);
+	if (rc == 0 && !changed)
+		rc = idem__error(IDEM_ELEASE, "the claim's lease was taken over");
+	return rc;
+}
+
 /* Run one conditional write on the claim's own record, with retries. */
 static int owned_write(idem_claim *c, owned_op op, int http_status, const void *body, size_t len,
-		       int64_t lease_ms)
+                       int64_t lease_ms)
 {
-	idem_store *s = c->store;
-	const idem__backend_ops *ops = s->ops;
-	int rc = 0;
+	owned o = {c, op, http_status, body, len, lease_ms};
+	int rc = idem__with_txn(c->store, owned_step, &o, NULL);
 
-	for (int attempt = 0;; attempt++) {
-		idem_txn *txn = NULL;
-		int changed = 0;
-
-		if ((rc = ops->txn_begin(s->be, &txn)) < 0)
-			goto retry;
-		if (op == OP_COMPLETE)
-			rc = ops->rec_complete(txn, c->id, c->owner, status_for(http_status),
-					       http_status, body, len, &changed);
-		else if (op == OP_EXTEND)
-			rc = ops->rec_extend(txn, c->id, c->owner, idem_store_now(s) + lease_ms,
-					     &changed);
-		else
-			rc = ops->rec_delete_owned(txn, c->id, c->owner, &changed);
-		if (rc == 0 && !changed)
-			rc = idem__error(IDEM_ELEASE, "the claim's lease was taken over");
-		if (rc < 0)
-			ops->txn_rollback(txn);
-		else
-			rc = ops->txn_commit(txn);
-retry:
-		if (rc != IDEM_ERETRY || attempt >= s->opts.max_retries)
-			break;
-		idem__retry_backoff(attempt);
-	}
 	if (rc < 0 && rc != IDEM_ELEASE)
-		idem__store_count_error(s, rc);
+		idem__store_count_error(c->store, rc);
 	return rc;
 }
 
@@ -530,9 +501,13 @@ int idem_claim_complete(idem_claim *claim, int http_status, const void *body, si
 
 /* The work under a savepoint: an answer not to be kept leaves only the
  * record's deletion behind, never the work's rows. */
-static int finish_in_txn(idem_txn *txn, idem_claim *c, idem_work_fn work, void *ctx,
-			 idem_result *out)
+static int finish_step(idem_txn *txn, void *arg)
 {
+	step *s = arg;
+	idem_claim *c = s->claim;
+	idem_work_fn work = s->work;
+	void *ctx = s->ctx;
+	idem_result *out = s->out;
 	const idem__backend_ops *ops = txn->store->ops;
 	int rc, changed = 0;
 
@@ -554,32 +529,15 @@ static int finish_in_txn(idem_txn *txn, idem_claim *c, idem_work_fn work, void *
 
 int idem_claim_finish(idem_result *out, idem_claim *claim, idem_work_fn work, void *ctx)
 {
-	idem_store *s;
-	int rc = 0;
+	step st = {NULL, NULL, claim, "", 0, work, ctx, out};
+	int rc;
 
 	memset(out, 0, sizeof(*out));
 	if (!claim || !work)
 		return idem__error(IDEM_EINVAL, "idem_claim_finish: claim and work are required");
-	s = claim->store;
-	for (int attempt = 0;; attempt++) {
-		idem_txn *txn = NULL;
-
-		if ((rc = s->ops->txn_begin(s->be, &txn)) == 0) {
-			rc = finish_in_txn(txn, claim, work, ctx, out);
-			if (rc < 0)
-				s->ops->txn_rollback(txn);
-			else
-				rc = s->ops->txn_commit(txn);
-		}
-		if (rc == 0)
-			break;
-		idem_result_clear(out);
-		if (rc != IDEM_ERETRY || attempt >= s->opts.max_retries)
-			break;
-		idem__retry_backoff(attempt);
-	}
+	rc = idem__with_txn(claim->store, finish_step, &st, out);
 	if (rc < 0 && rc != IDEM_ELEASE)
-		idem__store_count_error(s, rc);
+		idem__store_count_error(claim->store, rc);
 	return rc;
 }
 
@@ -603,7 +561,7 @@ void idem_claim_free(idem_claim *claim)
 }
 
 int idem_record_get(idem_record_info *out, idem_store *store, const char *scope,
-		    const char *business_type, const char *key, size_t key_len)
+                    const char *business_type, const char *key, size_t key_len)
 {
 	idem__key k;
 	idem__record rec = {0};

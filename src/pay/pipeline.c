@@ -4,12 +4,12 @@
  * (queued for group commit, answered after the COMMIT) or in two phases.
  * Duplicates get their answers here; errors stay errors.
  */
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "pay/internal.h"
 #include "util/error.h"
+#include "util/waiter.h"
 
 pay__op *pay__op_new(idem_pay *pay, const idem_pay_request *rq, idem_done_fn done, void *done_ctx)
 {
@@ -115,41 +115,12 @@ void pay__start(pay__op *op, const char *type, const char *natural, int64_t ttl_
 	idem_result_clear(&res);
 }
 
-typedef struct {
-	pthread_mutex_t lock;
-	pthread_cond_t cond;
-	int done, rc;
-	idem_result *out;
-	idem_error err;
-} waiter;
-
-static void wake(void *ctx, int rc, idem_result *res)
-{
-	waiter *w = ctx;
-
-	pthread_mutex_lock(&w->lock);
-	*w->out = *res;
-	memset(res, 0, sizeof(*res));
-	w->rc = rc;
-	w->err = *idem_error_last();
-	w->done = 1;
-	pthread_cond_signal(&w->cond);
-	pthread_mutex_unlock(&w->lock);
-}
-
 int pay__wait(idem_result *out, idem_pay *pay, const idem_pay_request *rq, pay__async_fn fn)
 {
-	waiter w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, out, {0}};
+	idem__waiter w;
 
 	memset(out, 0, sizeof(*out));
-	fn(pay, rq, wake, &w);
-	pthread_mutex_lock(&w.lock);
-	while (!w.done)
-		pthread_cond_wait(&w.cond, &w.lock);
-	pthread_mutex_unlock(&w.lock);
-	pthread_mutex_destroy(&w.lock);
-	pthread_cond_destroy(&w.cond);
-	if (w.rc < 0)
-		idem__error_restore(&w.err);
-	return w.rc;
+	idem__waiter_init(&w);
+	fn(pay, rq, idem__waiter_done, &w);
+	return idem__waiter_wait(&w, out);
 }

@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "store/netdb.h"
 #include "core/cache.h"
 #include "core/claim_internal.h"
+#include "store/netdb.h"
 #include "util/clock.h"
 #include "util/error.h"
 #include "util/rand.h"
@@ -19,11 +19,9 @@ static const struct {
 	const char *scheme; /* including the ':' */
 	const idem__backend_ops *ops;
 } schemes[] = {
-	{"sqlite:", &idem__sqlite_ops},
-	{"postgresql:", &idem__postgres_ops},
-	{"postgres:", &idem__postgres_ops},
-	{"mysql:", &idem__mariadb_ops},
-	{"mariadb:", &idem__mariadb_ops},
+    {"sqlite:", &idem__sqlite_ops},     {"postgresql:", &idem__postgres_ops},
+    {"postgres:", &idem__postgres_ops}, {"mysql:", &idem__mariadb_ops},
+    {"mariadb:", &idem__mariadb_ops},
 };
 
 const char *idem__status_name(idem__status st)
@@ -69,12 +67,12 @@ void idem__retry_backoff(int attempt)
 static int check_opts(const idem_store_opts *o)
 {
 	if (o->version != IDEM_STORE_OPTS_VERSION)
-		return idem__error(IDEM_EINVAL, "idem_store_opts version %u not supported", o->version);
+		return idem__error(IDEM_EINVAL, "idem_store_opts version %u not supported",
+		                   o->version);
 	if (o->busy_timeout_ms < 0 || o->read_connections < 0 || o->read_connections > 64 ||
 	    o->max_retries < 0 || o->max_retries > 100 || o->default_ttl_ms <= 0 ||
 	    o->default_lease_ms <= 0 || o->batch_max < 0 || o->batch_max > 10000 ||
-	    o->batch_wait_us < 0 || o->batch_wait_us > 1000000 || o->writers < 1 ||
-	    o->writers > 64)
+	    o->batch_wait_us < 0 || o->batch_wait_us > 1000000 || o->writers < 1 || o->writers > 64)
 		return idem__error(IDEM_EINVAL, "idem_store_opts out of range");
 	return 0;
 }
@@ -105,10 +103,11 @@ int idem_store_open(idem_store **out, const char *url, const idem_store_opts *op
 		}
 	}
 	if (!ops)
-		return idem__error(IDEM_EINVAL,
-				   "unknown store URL scheme in '%.12s' (expected sqlite:, postgresql://,"
-				   " mysql:// or mariadb://)",
-				   url);
+		return idem__error(
+		    IDEM_EINVAL,
+		    "unknown store URL scheme in '%.12s' (expected sqlite:, postgresql://,"
+		    " mysql:// or mariadb://)",
+		    url);
 	if (!(s = calloc(1, sizeof(*s))))
 		return idem__error(IDEM_ENOMEM, "out of memory");
 	s->ops = ops;
@@ -204,7 +203,7 @@ int idem_store_purge(idem_store *store, int batch, int max_batches, int64_t *del
 }
 
 int idem_txn_exec(idem_txn *txn, const char *sql, const idem_value *params, int nparams,
-		  int64_t *changes_out)
+                  int64_t *changes_out)
 {
 	if (changes_out)
 		*changes_out = 0;
@@ -212,7 +211,7 @@ int idem_txn_exec(idem_txn *txn, const char *sql, const idem_value *params, int 
 }
 
 int idem_txn_query(idem_txn *txn, const char *sql, const idem_value *params, int nparams,
-		   idem_row_fn row_fn, void *ctx)
+                   idem_row_fn row_fn, void *ctx)
 {
 	return txn->store->ops->txn_query(txn, sql, params, nparams, row_fn, ctx);
 }
@@ -223,7 +222,7 @@ idem_store *idem_txn_store(idem_txn *txn)
 }
 
 int idem_store_query(idem_store *store, const char *sql, const idem_value *params, int nparams,
-		     idem_row_fn row_fn, void *ctx)
+                     idem_row_fn row_fn, void *ctx)
 {
 	int rc = store->ops->read_query(store->be, sql, params, nparams, row_fn, ctx);
 
@@ -232,24 +231,37 @@ int idem_store_query(idem_store *store, const char *sql, const idem_value *param
 	return rc;
 }
 
-int idem_store_transact(idem_store *store, idem_txn_fn fn, void *ctx)
+int idem__with_txn(idem_store *s, idem_txn_fn fn, void *ctx, idem_result *out)
 {
 	int rc = 0;
 
 	for (int attempt = 0;; attempt++) {
 		idem_txn *txn = NULL;
 
-		if ((rc = store->ops->txn_begin(store->be, &txn)) == 0) {
-			rc = fn(txn, ctx);
-			if (rc < 0)
-				store->ops->txn_rollback(txn);
-			else
-				rc = store->ops->txn_commit(txn);
+		if ((rc = s->ops->txn_begin(s->be, &txn)) == 0) {
+			int ret = fn(txn, ctx);
+
+			if (ret < 0) {
+				s->ops->txn_rollback(txn);
+				rc = ret;
+			} else if ((rc = s->ops->txn_commit(txn)) == 0) {
+				rc = ret;
+			}
 		}
-		if (rc != IDEM_ERETRY || attempt >= store->opts.max_retries)
+		if (rc >= 0)
+			break;
+		idem_result_clear(out); /* nothing was committed: no answer either */
+		if (rc != IDEM_ERETRY || attempt >= s->opts.max_retries)
 			break;
 		idem__retry_backoff(attempt);
 	}
+	return rc;
+}
+
+int idem_store_transact(idem_store *store, idem_txn_fn fn, void *ctx)
+{
+	int rc = idem__with_txn(store, fn, ctx, NULL);
+
 	if (rc < 0)
 		idem__store_count_error(store, rc);
 	return rc < 0 ? rc : 0;

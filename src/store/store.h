@@ -23,4 +23,13 @@ struct idem_store {
 /* Sleep a jittered, growing interval before retry number attempt (0-based). */
 void idem__retry_backoff(int attempt);
 
+/*
+ * Run fn in a write transaction of its own: COMMIT when it returns >= 0,
+ * ROLLBACK otherwise. IDEM_ERETRY from fn or from the COMMIT reruns it, up
+ * to opts.max_retries times with jittered backoff. out (may be NULL) is
+ * cleared before each rerun and after a failure: nothing committed, nothing
+ * answered. Returns fn's value or the error.
+ */
+int idem__with_txn(idem_store *s, idem_txn_fn fn, void *ctx, idem_result *out);
+
 #endif
