@@ -273,6 +273,17 @@ class Server:
         except (OSError, TypeError):
             return ""
 
+    def wait_log(self, pred, timeout=3.0):
+        """The log once pred(text) holds (request lines are written after the
+        response is sent, so a test may read the log before its line is
+        there); the last text read if it never does."""
+        deadline = time.monotonic() + timeout
+        while True:
+            text = self.log_text()
+            if pred(text) or time.monotonic() > deadline:
+                return text
+            time.sleep(0.02)
+
     def log_tail(self, n=60):
         return "\n".join(self.log_text().splitlines()[-n:])
 
@@ -392,6 +403,10 @@ class Merchant:
         self.server = server
         self.id = merchant_id
         self.api_key = api_key
+
+    def on(self, server):
+        """The same merchant, talking to another server (after a restart)."""
+        return Merchant(server, self.id, self.api_key)
 
     def headers(self, key=None, extra=None):
         h = {"Authorization": "Bearer " + self.api_key, "Content-Type": "application/json"}

@@ -169,9 +169,12 @@ class Auth(harness.TestCase):
     def test_api_key_never_logged(self):
         m = self.merchant()
         m.create_payment(self.ch.name)
-        self.server.request("GET", "/v1/balance",
-                            headers={"Authorization": "Bearer " + m.api_key + "x"})
-        log = self.server.log_text()
+        marker = "pay_" + uid("log").replace("-", "")
+        r = self.server.request("GET", "/v1/payments/" + marker,
+                                headers={"Authorization": "Bearer " + m.api_key + "x"})
+        self.assertProblem(r, 401, "unauthorized")
+        log = self.server.wait_log(lambda t: marker in t)
+        self.assertIn(marker, log, "the request line was never logged")
         self.assertNotIn(m.api_key, log)
         self.assertNotIn(self.ch.secret, log)
 

@@ -4,6 +4,7 @@ Structured Fields string, byte-for-byte comparison, canonical fingerprints,
 
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
@@ -206,6 +207,37 @@ class KeysTTL(harness.TestCase):
         created = harness.parse_time(rec.json()["created_at"])
         expires = harness.parse_time(rec.json()["expires_at"])
         self.assertAlmostEqual((expires - created).total_seconds(), 300, delta=2)
+
+
+class KeysExpiry(harness.TestCase):
+    SERVER_ARGS = ("--idempotency-ttl", "1s")
+
+    def test_expired_key_is_new_and_meets_the_backstop(self):
+        # after the TTL the record no longer answers; the key is new again, so
+        # the natural key (business unique index) decides: the same body is a
+        # 200 replay of the existing payment, another body a 409 conflict
+        ch = self.server.new_channel()
+        m = self.server.new_merchant()
+        key = uid("K")
+        body = m.payment_body(10, "CNY", ch.name)
+        first = m.post("/v1/payments", body, key=key)
+        self.assertFirst(first, 201)
+        rec = m.record("payment", key).json()
+        ttl = (harness.parse_time(rec["expires_at"])
+               - harness.parse_time(rec["created_at"])).total_seconds()
+        self.assertAlmostEqual(ttl, 1, delta=0.5)
+        time.sleep(1.6)
+        again = m.post("/v1/payments", body, key=key)
+        self.assertStatus(again, 200)
+        self.assertEqual(again.header("Idempotent-Replayed"), "true")
+        self.assertEqual(again.json()["id"], first.json()["id"])
+        time.sleep(1.6)
+        p = self.assertProblem(m.post("/v1/payments", dict(body, amount=11), key=key), 409,
+                               "business_key_conflict")
+        self.assertEqual(p.get("existing_id"), first.json()["id"])
+        n = self.server.count_payments(m.id, body["merchant_order_no"])
+        if n is not None:
+            self.assertEqual(n, 1)
 
 
 if __name__ == "__main__":

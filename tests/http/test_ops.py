@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
@@ -144,6 +145,9 @@ class Ops(harness.TestCase):
         for _ in range(3):
             m.get("/v1/payments/" + p["id"])
         self.ch.notify(p["id"], p["amount"])
+        needle = "/v1/payments/" + p["id"]
+        log = self.server.wait_log(lambda t: t.count(needle) >= 3 and self.ch.name in t)
+        time.sleep(0.2)   # a fourth line, if any, would be there by now
         log = self.server.log_text()
         lines = [ln for ln in log.splitlines() if "/v1/payments/" + p["id"] in ln]
         self.assertEqual(len(lines), 3, "one line per request:\n" + "\n".join(lines))
@@ -161,6 +165,25 @@ class Ops(harness.TestCase):
             self.assertIn(flag, out)
 
 
+class DuplicateWarning(harness.TestCase):
+
+    def test_warning_above_5_percent(self):
+        # issue 3 / DESIGN.md §8: a logged warning when the duplicate ratio
+        # over the sliding window passes 5 % (here: half the claims replay)
+        ch = self.server.new_channel()
+        m = self.server.new_merchant()
+        self.assertNotRegex(self.server.log_text().lower(), r"warn.*duplicate")
+        for _ in range(30):
+            body = m.payment_body(10, "CNY", ch.name)
+            self.assertFirst(m.post("/v1/payments", body))
+            self.assertTrue(m.post("/v1/payments", body).replayed)
+        log = self.server.wait_log(lambda t: re.search(r"(?i)warn.*duplicate", t) is not None)
+        lines = [ln for ln in log.splitlines()
+                 if "warn" in ln.lower() and "duplicate" in ln.lower()]
+        self.assertTrue(lines, "no duplicate-ratio warning in the log:\n"
+                        + self.server.log_tail(5))
+
+
 class JsonLogs(harness.TestCase):
     SERVER_ARGS = ("--log-format", "json")
 
@@ -170,6 +193,8 @@ class JsonLogs(harness.TestCase):
         p = m.create_payment(ch.name)
         m.get("/v1/payments/" + p["id"])
         m.get("/v1/payments/" + p["id"] + "x")   # a 404
+        self.server.wait_log(lambda t: t.count(p["id"]) >= 2)
+        time.sleep(0.2)
         log = self.server.log_text()
         mine = [ln for ln in log.splitlines() if p["id"] in ln]
         self.assertEqual(len(mine), 2, log[-2000:])

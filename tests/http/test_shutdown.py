@@ -96,6 +96,7 @@ class Shutdown(harness.TestCase):
         self.assertGreater(len(acked_pay), 10, "too little load reached the server")
 
         s2 = self.server(db_url=s1.db_url, tmpdir=s1.tmpdir)
+        m = m.on(s2)
         for key, body, r in acked_pay:
             pid = r.json()["id"]
             got = m.get("/v1/payments/" + pid)
@@ -141,6 +142,7 @@ class Shutdown(harness.TestCase):
         self.assertEqual(first.status, 201, first)
         self.assertEqual(rc, 0, s1.log_tail())
         s2 = self.server(db_url=s1.db_url, tmpdir=s1.tmpdir)
+        m = m.on(s2)
         self.assertEqual(m.payment(first.json()["id"])["amount"], 4242)
         again = m.post("/v1/payments", body, key=key)
         self.assertEqual((again.status, again.body, again.header("Idempotent-Replayed")),
