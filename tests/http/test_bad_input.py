@@ -143,6 +143,7 @@ class BadInput(harness.TestCase):
             ("metadata", self.payment(metadata=[1, 2])),
             ("channel", self.payment(channel=7)),
             ("channel", self.payment(channel="")),
+            ("channel", self.payment(channel="nosuch" + uid("").replace("-", ""))),
         ]
         for field, body in cases:
             with self.subTest(field=field, body=body):

@@ -39,6 +39,27 @@ class Keys(harness.TestCase):
         self.assertStatus(rec, 200)
         self.assertEqual(rec.json()["key"], key2, "the record holds the unwrapped key")
 
+    def test_sf_string_escapes(self):
+        # RFC 8941 sf-string: \" and \\ stand for " and \
+        tail = uid("")
+        body = self.body()
+        first = self.m.post("/v1/payments", body, key='"q\\"x\\\\y%s"' % tail)
+        self.assertFirst(first)
+        self.assertReplayOf(self.m.post("/v1/payments", body, key='q"x\\y%s' % tail), first)
+        rec = self.m.record("payment", 'q"x\\y%s' % tail)
+        self.assertStatus(rec, 200)
+        self.assertEqual(rec.json()["key"], 'q"x\\y%s' % tail)
+
+    def test_record_of_key_with_reserved_url_characters(self):
+        # any 0x21..0x7E byte may be in a key; in the records path it is
+        # percent-encoded
+        key = "a/b?c#d%e&f+g" + uid("")
+        first = self.m.post("/v1/payments", self.body(), key=key)
+        self.assertFirst(first)
+        rec = self.m.record("payment", key)
+        self.assertStatus(rec, 200)
+        self.assertEqual(rec.json()["key"], key)
+
     def test_empty_sf_string_is_invalid(self):
         body = self.body()
         self.assertProblem(self.m.post("/v1/payments", body, key='""'), 400,
