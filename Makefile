@@ -9,7 +9,7 @@ CTEST_ARGS ?=
 LISTEN     ?= 127.0.0.1:8080
 DB         ?= sqlite:var/idem.db
 
-.PHONY: all deps build run test test-asan clean format
+.PHONY: all deps build run test test-asan bench clean format
 
 all: build
 
@@ -31,6 +31,11 @@ run: build
 
 test: build
 	scripts/run-tests.sh $(BUILD) $(CTEST_ARGS)
+
+# The benchmark (bench/run.sh, about 6 minutes): rewrites the table in
+# docs/benchmarks.md. Needs the database servers of scripts/deps.sh --all.
+bench: build
+	bench/run.sh $(BUILD)
 
 $(ASAN_BUILD)/CMakeCache.txt: | deps
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DIDEM_SANITIZE=ON
