@@ -28,7 +28,7 @@ typedef struct {
 	char fp[65];
 	/* per thread, per round: outcome, and the body answered */
 	int (*outcome)[THREADS];
-	char (*body)[THREADS][48];
+	char (*body)[THREADS][96];
 	int errors;
 } race;
 
@@ -41,7 +41,7 @@ typedef struct {
 static int work(idem_txn *txn, void *ctx, idem_response *resp)
 {
 	worker *w = ctx;
-	char body[48];
+	char body[96];
 	idem_value p[3] = {IDEM_V_TEXT(w->r->scope), IDEM_V_TEXT(w->key), IDEM_V_INT(w->id)};
 	int rc = idem_txn_exec(txn, "INSERT INTO work_log (scope, k, worker) VALUES (?, ?, ?)", p,
 			       3, NULL);
