@@ -32,6 +32,15 @@ IDEM_EXTERN int idem_token_validate(const char *s, size_t len, size_t max);
 IDEM_EXTERN int idem_fingerprint(char out[65], const char *method, const char *path,
 				 const char *body, size_t len);
 
+/*
+ * The same fingerprint from a body already in canonical form (what
+ * idem_fingerprint hashes after re-serialising), for callers that parsed
+ * the body anyway: json_dumps(doc, JSON_COMPACT | JSON_SORT_KEYS |
+ * JSON_ENSURE_ASCII | JSON_ENCODE_ANY). canon NULL / len 0: no body.
+ */
+IDEM_EXTERN int idem_fingerprint_canonical(char out[65], const char *method, const char *path,
+					   const char *canon, size_t len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -24,14 +24,33 @@ static int hash_part(EVP_MD_CTX *md, const void *p, size_t len)
 	return EVP_DigestUpdate(md, n, sizeof(n)) == 1 && EVP_DigestUpdate(md, p, len) == 1;
 }
 
+int idem_fingerprint_canonical(char out[65], const char *method, const char *path,
+			       const char *canon, size_t len)
+{
+	EVP_MD_CTX *md = NULL;
+	unsigned char digest[32];
+	unsigned int dlen = 0;
+	int rc = 0;
+
+	out[0] = '\0';
+	if (!method || !path || (len && !canon))
+		return idem__error(IDEM_EINVAL, "fingerprint: method and path are required");
+	if (!(md = EVP_MD_CTX_new()) || EVP_DigestInit_ex(md, EVP_sha256(), NULL) != 1 ||
+	    !hash_part(md, method, strlen(method)) || !hash_part(md, path, strlen(path)) ||
+	    !hash_part(md, len ? canon : "", len) || EVP_DigestFinal_ex(md, digest, &dlen) != 1 ||
+	    dlen != sizeof(digest))
+		rc = idem__error(IDEM_ENOMEM, "fingerprint: SHA-256 failed");
+	else
+		idem__hex(out, digest, sizeof(digest));
+	EVP_MD_CTX_free(md);
+	return rc;
+}
+
 int idem_fingerprint(char out[65], const char *method, const char *path, const char *body,
 		     size_t len)
 {
 	json_t *doc = NULL;
 	char *canon = NULL;
-	EVP_MD_CTX *md = NULL;
-	unsigned char digest[32];
-	unsigned int dlen = 0;
 	json_error_t jerr;
 	int rc = 0;
 
@@ -39,8 +58,7 @@ int idem_fingerprint(char out[65], const char *method, const char *path, const c
 	if (!method || !path || (len && !body))
 		return idem__error(IDEM_EINVAL, "fingerprint: method and path are required");
 	if (len) {
-		doc = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY,
-				 &jerr);
+		doc = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &jerr);
 		if (!doc) {
 			rc = idem__error(IDEM_EINVAL, "malformed JSON at line %d column %d: %s",
 					 jerr.line, jerr.column, jerr.text);
@@ -53,16 +71,8 @@ int idem_fingerprint(char out[65], const char *method, const char *path, const c
 			goto done;
 		}
 	}
-	if (!(md = EVP_MD_CTX_new()) || EVP_DigestInit_ex(md, EVP_sha256(), NULL) != 1 ||
-	    !hash_part(md, method, strlen(method)) || !hash_part(md, path, strlen(path)) ||
-	    !hash_part(md, canon ? canon : "", canon ? strlen(canon) : 0) ||
-	    EVP_DigestFinal_ex(md, digest, &dlen) != 1 || dlen != sizeof(digest)) {
-		rc = idem__error(IDEM_ENOMEM, "fingerprint: SHA-256 failed");
-		goto done;
-	}
-	idem__hex(out, digest, sizeof(digest));
+	rc = idem_fingerprint_canonical(out, method, path, canon, canon ? strlen(canon) : 0);
 done:
-	EVP_MD_CTX_free(md);
 	free(canon);
 	json_decref(doc);
 	return rc;

@@ -5,10 +5,12 @@
  * validation error, not a crash. Also ids and timestamps.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "pay/internal.h"
+#include "util/error.h"
 #include "util/rand.h"
 
 static const char *type_name(pay__ftype t)
@@ -83,6 +85,19 @@ int pay__parse_request(json_t **doc, idem_result *out, const idem_pay_request *r
                        const pay__field *fields, size_t nfields)
 {
 	return parse(doc, out, rq->body, rq->body_len, fields, nfields, rq->key_invalid);
+}
+
+int pay__fingerprint(char out[IDEM_FINGERPRINT_LEN + 1], const idem_pay_request *rq, json_t *doc)
+{
+	char *canon = json_dumps(doc, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENSURE_ASCII |
+					      JSON_ENCODE_ANY);
+	int rc;
+
+	if (!canon)
+		return idem__error(IDEM_ENOMEM, "cannot serialise the body");
+	rc = idem_fingerprint_canonical(out, rq->method, rq->path, canon, strlen(canon));
+	free(canon);
+	return rc;
 }
 
 const char *pay__str(json_t *doc, const char *name)

@@ -7,13 +7,34 @@
 #define IDEM_PAY_INTERNAL_H
 
 #include <jansson.h>
+#include <pthread.h>
 
 #include "idem/idem.h"
+
+typedef struct pay__authcache pay__authcache;
 
 struct idem_pay {
 	idem_store *store;
 	idem_pay_opts opts;
+	pay__authcache *auth; /* NULL: every request reads the key from the store */
+	pthread_mutex_t channels_lock;
+	int nchannels;        /* channels known to exist (they are never removed) */
+	char channels[64][IDEM_PAY_CHANNEL_MAX + 1];
 };
+
+/* ---- the cache of verified API keys (authcache.c) ---- */
+pay__authcache *pay__authcache_new(void);
+void pay__authcache_free(pay__authcache *c);
+/* 1 and merchant set when digest was verified less than the TTL ago. */
+int pay__authcache_get(pay__authcache *c, const char digest[65], int64_t now,
+		       char merchant[IDEM_PAY_ID_SIZE]);
+void pay__authcache_put(pay__authcache *c, const char digest[65], int64_t now,
+			const char *merchant);
+/* Drop every entry of merchant (its key was rotated here). */
+void pay__authcache_forget(pay__authcache *c, const char *merchant);
+
+/* Whether channel exists: from memory, else from the store (inside txn). */
+int pay__channel_exists(idem_pay *pay, idem_txn *txn, const char *name, int *exists);
 
 /* ---- answers ---- */
 
@@ -43,6 +64,9 @@ typedef struct {
  */
 int pay__parse_request(json_t **doc, idem_result *out, const idem_pay_request *rq,
                        const pay__field *fields, size_t nfields);
+
+/* op->fp from the parsed body, without parsing it again. */
+int pay__fingerprint(char out[IDEM_FINGERPRINT_LEN + 1], const idem_pay_request *rq, json_t *doc);
 
 /* Member helpers: NULL / 0 when absent. */
 const char *pay__str(json_t *doc, const char *name);

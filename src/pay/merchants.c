@@ -38,6 +38,8 @@ int idem_pay_open(idem_pay **out, idem_store *store, const idem_pay_opts *opts)
 		return idem__error(IDEM_ENOMEM, "out of memory");
 	pay->store = store;
 	pay->opts = *opts;
+	pay->auth = pay__authcache_new(); /* without it, every request reads the store */
+	pthread_mutex_init(&pay->channels_lock, NULL);
 	/* Channels retry callbacks for more than a day (DESIGN.md §7). */
 	if (pay->opts.notification_ttl_ms < 72LL * 3600 * 1000)
 		pay->opts.notification_ttl_ms = 72LL * 3600 * 1000;
@@ -49,6 +51,10 @@ int idem_pay_open(idem_pay **out, idem_store *store, const idem_pay_opts *opts)
 
 void idem_pay_close(idem_pay *pay)
 {
+	if (!pay)
+		return;
+	pay__authcache_free(pay->auth);
+	pthread_mutex_destroy(&pay->channels_lock);
 	free(pay);
 }
 
@@ -200,6 +206,9 @@ int idem_pay_authenticate(idem_pay *pay, const char *api_key, size_t len,
 	if (!api_key || len != 3 + KEY_ID_HEX + 1 + KEY_SECRET_HEX ||
 	    memcmp(api_key, "sk_", 3) != 0 || api_key[3 + KEY_ID_HEX] != '_')
 		return IDEM_ENOTFOUND;
+	sha256_hex(digest, api_key, len);
+	if (pay->auth && pay__authcache_get(pay->auth, digest, pay__now(pay), id_out))
+		return 0;
 	memcpy(key_id, api_key + 3, KEY_ID_HEX);
 	key_id[KEY_ID_HEX] = '\0';
 	p[0] = IDEM_V_TEXT(key_id);
@@ -207,10 +216,11 @@ int idem_pay_authenticate(idem_pay *pay, const char *api_key, size_t len,
 	                      p, 1, read_key_row, &row);
 	if (rc < 0)
 		return rc;
-	sha256_hex(digest, api_key, len);
 	if (!row.found || strlen(row.digest) != 64 || CRYPTO_memcmp(digest, row.digest, 64) != 0)
 		return IDEM_ENOTFOUND;
 	memcpy(id_out, row.id, IDEM_PAY_ID_SIZE);
+	if (pay->auth)
+		pay__authcache_put(pay->auth, digest, pay__now(pay), row.id);
 	return 0;
 }
 
@@ -265,4 +275,36 @@ int idem_pay_verify_signature(idem_pay *pay, const char *channel, const char *si
 		rc = IDEM_ENOTFOUND;
 	OPENSSL_cleanse(secret, sizeof(secret));
 	return rc;
+}
+
+static int first_count(void *ctx, const idem_value *cols, int n)
+{
+	*(int64_t *)ctx = n > 0 && cols[0].type == IDEM_VAL_INT ? cols[0].i : 0;
+	return 1;
+}
+
+int pay__channel_exists(idem_pay *pay, idem_txn *txn, const char *name, int *exists)
+{
+	idem_value p[1] = {IDEM_V_TEXT(name)};
+	int64_t n = 0;
+	int rc;
+
+	*exists = 0;
+	pthread_mutex_lock(&pay->channels_lock);
+	for (int i = 0; i < pay->nchannels && !*exists; i++)
+		*exists = strcmp(pay->channels[i], name) == 0;
+	pthread_mutex_unlock(&pay->channels_lock);
+	if (*exists)
+		return 0;
+	rc = idem_txn_query(txn, "SELECT count(*) FROM channels WHERE name = ?", p, 1, first_count,
+	                    &n);
+	if (rc < 0 || n == 0)
+		return rc;
+	*exists = 1;
+	/* Channels are never removed, so a name seen once stays valid. */
+	pthread_mutex_lock(&pay->channels_lock);
+	if (pay->nchannels < (int)(sizeof(pay->channels) / sizeof(pay->channels[0])))
+		snprintf(pay->channels[pay->nchannels++], sizeof(pay->channels[0]), "%s", name);
+	pthread_mutex_unlock(&pay->channels_lock);
+	return 0;
 }

@@ -130,7 +130,7 @@ void idem_pay_notify_async(idem_pay *pay, const idem_pay_request *rq, idem_done_
 	else if (!pay__valid_amount(pay__int(c->doc, "amount")))
 		rc = pay__reject(out, 400, "invalid_request",
 		                 "'amount' must be an integer from 1 to 10^15 minor units");
-	else if ((rc = idem_fingerprint(c->fp, rq->method, rq->path, rq->body, rq->body_len)) ==
+	else if ((rc = pay__fingerprint(c->fp, rq, c->doc)) ==
 	         0) {
 		pay__start(c, "notification", notify_id, pay->opts.notification_ttl_ms, notify_work,
 		           NULL, 0);

@@ -135,12 +135,6 @@ static int backstop(idem_response *resp, json_t *existing, const char *existing_
 	return rc;
 }
 
-static int count_row(void *ctx, const idem_value *cols, int n)
-{
-	*(int64_t *)ctx = n > 0 ? cols[0].i : 0;
-	return 1;
-}
-
 static int create_payment_work(idem_txn *txn, void *vctx, idem_response *resp)
 {
 	pay__op *c = vctx;
@@ -148,15 +142,13 @@ static int create_payment_work(idem_txn *txn, void *vctx, idem_response *resp)
 	const char *channel = pay__str(d, "channel");
 	char *meta_text = NULL;
 	pay__payment p = {0};
-	int64_t now = pay__now(c->pay), channels = 0;
-	idem_value cp[1] = {IDEM_V_TEXT(channel)};
-	int rc;
+	int64_t now = pay__now(c->pay);
+	int rc, known = 0;
 
-	rc = idem_txn_query(txn, "SELECT count(*) FROM channels WHERE name = ?", cp, 1, count_row,
-	                    &channels);
+	rc = pay__channel_exists(c->pay, txn, channel, &known);
 	if (rc < 0)
 		goto done;
-	if (channels == 0) {
+	if (!known) {
 		resp->persist = 0; /* a validation error: not stored */
 		rc = pay__problem(resp, 400, "invalid_request", "'channel' names no known channel");
 		goto done;
@@ -210,16 +202,20 @@ static int create_payment_work(idem_txn *txn, void *vctx, idem_response *resp)
 	}
 	if (rc < 0)
 		goto done;
-	{
-		char id[IDEM_PAY_ID_SIZE];
-
-		memcpy(id, p.id, sizeof(id)); /* load clears p */
-		rc = pay__payment_load(c->pay, txn, &p, NULL, id);
-	}
-	if (rc == 0 && !p.found)
-		rc = idem__error(IDEM_ESTORE, "payment not found after insert");
-	if (rc < 0)
+	/* The answer is the row just written: no need to read it back. */
+	snprintf(p.merchant_id, sizeof(p.merchant_id), "%s", c->rq->caller);
+	snprintf(p.order_no, sizeof(p.order_no), "%s", pay__str(d, "merchant_order_no"));
+	p.amount = pay__int(d, "amount");
+	snprintf(p.currency, sizeof(p.currency), "%s", pay__str(d, "currency"));
+	snprintf(p.channel, sizeof(p.channel), "%s", channel);
+	snprintf(p.status, sizeof(p.status), "processing");
+	p.created_at = p.updated_at = now;
+	p.metadata = meta_text;
+	meta_text = NULL;
+	if (pay__str(d, "description") && !(p.description = strdup(pay__str(d, "description")))) {
+		rc = idem__error(IDEM_ENOMEM, "out of memory");
 		goto done;
+	}
 	if (!(obj = pay__payment_object(&p))) {
 		rc = idem__error(IDEM_ENOMEM, "out of memory");
 		goto done;
@@ -282,7 +278,7 @@ void idem_pay_create_payment_async(idem_pay *pay, const idem_pay_request *rq, id
 	else if (desc && strlen(desc) > 255)
 		rc = pay__reject(out, 400, "invalid_request",
 		                 "'description' must be at most 255 bytes");
-	else if ((rc = idem_fingerprint(c->fp, rq->method, rq->path, rq->body, rq->body_len)) ==
+	else if ((rc = pay__fingerprint(c->fp, rq, c->doc)) ==
 	         0) {
 		pay__start(c, "payment", order_no, pay->opts.ttl_ms, create_payment_work,
 		           pay->opts.mock_channel_delay_ms > 0 &&

@@ -232,7 +232,7 @@ void idem_pay_refund_async(idem_pay *pay, const idem_pay_request *rq, idem_done_
 		                 "'amount' must be an integer from 1 to 10^15 minor units");
 	else if (reason && strlen(reason) > 255)
 		rc = pay__reject(out, 400, "invalid_request", "'reason' must be at most 255 bytes");
-	else if ((rc = idem_fingerprint(c->fp, rq->method, rq->path, rq->body, rq->body_len)) ==
+	else if ((rc = pay__fingerprint(c->fp, rq, c->doc)) ==
 	         0) {
 		pay__start(c, "refund", no, pay->opts.ttl_ms, refund_work, NULL, 1);
 		return;

@@ -172,7 +172,7 @@ void idem_pay_transfer_async(idem_pay *pay, const idem_pay_request *rq, idem_don
 	else if (!pay__valid_currency(pay__str(c->doc, "currency")))
 		rc = pay__reject(out, 400, "invalid_request",
 		                 "'currency' must be three upper-case letters");
-	else if ((rc = idem_fingerprint(c->fp, rq->method, rq->path, rq->body, rq->body_len)) ==
+	else if ((rc = pay__fingerprint(c->fp, rq, c->doc)) ==
 	         0) {
 		pay__start(c, "transfer", no, pay->opts.ttl_ms, transfer_work, NULL, 1);
 		return;
