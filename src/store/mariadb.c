@@ -865,7 +865,41 @@ static const char *const migration_2[] = {
 	NULL,
 };
 
-static const char *const *const migrations[] = {migration_1, migration_2};
+/*
+ * 3: operations, as sqlite.c's migration 3: idemd's flushed outcome
+ * counters and the reconciliation rows; keys utf8mb4_nopad_bin.
+ */
+static const char *const migration_3[] = {
+	"CREATE TABLE IF NOT EXISTS idem_stats ("
+	" instance_id VARCHAR(64) NOT NULL,"
+	" interval_start BIGINT NOT NULL,"
+	" interval_end BIGINT NOT NULL,"
+	" business_type VARCHAR(64) NOT NULL,"
+	" outcome VARCHAR(16) NOT NULL,"
+	" n BIGINT NOT NULL CHECK (n >= 0),"
+	" PRIMARY KEY (instance_id, interval_start, business_type, outcome),"
+	" KEY idem_stats_end (interval_end)"
+	")" PAY_TABLE,
+	"CREATE TABLE IF NOT EXISTS recon_rows ("
+	" channel VARCHAR(64) NOT NULL,"
+	" channel_txn_id VARCHAR(255) NOT NULL,"
+	" merchant_id VARCHAR(64) NOT NULL,"
+	" merchant_order_no VARCHAR(128) NOT NULL,"
+	" amount BIGINT NOT NULL,"
+	" currency VARCHAR(8) NOT NULL,"
+	" status VARCHAR(16) NOT NULL CHECK (status IN ('SUCCESS','FAILED')),"
+	" paid_at VARCHAR(64) NOT NULL,"
+	" result VARCHAR(16) NOT NULL"
+	"  CHECK (result IN ('matched','mismatched','missing_local')),"
+	" payment_id VARCHAR(64) NULL,"
+	" detail VARCHAR(255) NULL,"
+	" imported_at BIGINT NOT NULL,"
+	" UNIQUE KEY recon_rows_txn (channel, channel_txn_id)"
+	")" PAY_TABLE,
+	NULL,
+};
+
+static const char *const *const migrations[] = {migration_1, migration_2, migration_3};
 
 #define SCHEMA_LATEST ((int)(sizeof(migrations) / sizeof(migrations[0])))
 

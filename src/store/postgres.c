@@ -801,6 +801,35 @@ static const char *const migrations[] = {
 	" amount BIGINT NOT NULL CHECK (amount >= 0),"
 	" PRIMARY KEY (merchant_id, currency)"
 	");",
+
+	/* 3: operations, as sqlite.c's migration 3: idemd's flushed outcome
+	 * counters and the reconciliation rows, whose (channel,
+	 * channel_txn_id) keys compare byte for byte (COLLATE "C"). */
+	"CREATE TABLE idem_stats ("
+	" instance_id TEXT COLLATE \"C\" NOT NULL,"
+	" interval_start BIGINT NOT NULL,"
+	" interval_end BIGINT NOT NULL,"
+	" business_type TEXT COLLATE \"C\" NOT NULL,"
+	" outcome TEXT COLLATE \"C\" NOT NULL,"
+	" n BIGINT NOT NULL CHECK (n >= 0),"
+	" PRIMARY KEY (instance_id, interval_start, business_type, outcome)"
+	");"
+	"CREATE INDEX idem_stats_end ON idem_stats (interval_end);"
+	"CREATE TABLE recon_rows ("
+	" channel TEXT COLLATE \"C\" NOT NULL,"
+	" channel_txn_id TEXT COLLATE \"C\" NOT NULL,"
+	" merchant_id TEXT NOT NULL,"
+	" merchant_order_no TEXT NOT NULL,"
+	" amount BIGINT NOT NULL,"
+	" currency TEXT NOT NULL,"
+	" status TEXT NOT NULL CHECK (status IN ('SUCCESS','FAILED')),"
+	" paid_at TEXT NOT NULL,"
+	" result TEXT NOT NULL CHECK (result IN ('matched','mismatched','missing_local')),"
+	" payment_id TEXT,"
+	" detail TEXT,"
+	" imported_at BIGINT NOT NULL,"
+	" CONSTRAINT recon_rows_txn UNIQUE (channel, channel_txn_id)"
+	");",
 };
 
 #define SCHEMA_LATEST ((int)(sizeof(migrations) / sizeof(migrations[0])))

@@ -401,6 +401,38 @@ static const char *const migrations[] = {
 	" amount INTEGER NOT NULL CHECK (amount >= 0),"
 	" PRIMARY KEY (merchant_id, currency)"
 	");",
+
+	/* 3: operations (src/pay/stats.c, src/pay/recon.c). idem_stats holds
+	 * each idemd instance's outcome counters, one row per instance,
+	 * interval, business type and outcome, flushed every few seconds:
+	 * never a write per request. recon_rows records each row of a
+	 * channel's reconciliation file once: (channel, channel_txn_id) is the
+	 * business unique index behind the "recon" idempotency records. */
+	"CREATE TABLE idem_stats ("
+	" instance_id TEXT NOT NULL,"
+	" interval_start INTEGER NOT NULL,"
+	" interval_end INTEGER NOT NULL,"
+	" business_type TEXT NOT NULL,"
+	" outcome TEXT NOT NULL,"
+	" n INTEGER NOT NULL CHECK (n >= 0),"
+	" PRIMARY KEY (instance_id, interval_start, business_type, outcome)"
+	");"
+	"CREATE INDEX idem_stats_end ON idem_stats (interval_end);"
+	"CREATE TABLE recon_rows ("
+	" channel TEXT NOT NULL,"
+	" channel_txn_id TEXT NOT NULL,"
+	" merchant_id TEXT NOT NULL,"
+	" merchant_order_no TEXT NOT NULL,"
+	" amount INTEGER NOT NULL,"
+	" currency TEXT NOT NULL,"
+	" status TEXT NOT NULL CHECK (status IN ('SUCCESS','FAILED')),"
+	" paid_at TEXT NOT NULL,"
+	" result TEXT NOT NULL CHECK (result IN ('matched','mismatched','missing_local')),"
+	" payment_id TEXT,"
+	" detail TEXT,"
+	" imported_at INTEGER NOT NULL,"
+	" UNIQUE (channel, channel_txn_id)"
+	");",
 };
 
 #define SCHEMA_LATEST ((int)(sizeof(migrations) / sizeof(migrations[0])))
