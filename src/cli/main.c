@@ -10,24 +10,38 @@
 #include "cli/cli.h"
 
 static const cli_command *const commands[] = {
+	&cli_migrate,
 	&cli_merchant_add,
+	&cli_merchant_list,
+	&cli_merchant_rotate_key,
 	&cli_channel_add,
+	&cli_channel_list,
+	&cli_channel_rotate_secret,
+	&cli_purge,
+	&cli_stats,
+	&cli_inspect,
+	&cli_recon_import,
 	&cli_demo,
 };
 
 #define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
 
+static const char exit_codes[] =
+	"exit codes: 0 success, 1 failure (store, file), 2 bad usage, 3 a check failed\n";
+
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: idemctl [--db URL] [--json] COMMAND [ARGS]\n\n"
-		   "Operates an idem store. --db defaults to $IDEM_DB.\n\ncommands:\n");
+		   "Operates an idem store. --db defaults to $IDEM_DB; --json prints one JSON\n"
+		   "object for scripts.\n\ncommands:\n");
 	for (size_t i = 0; i < NCOMMANDS; i++)
-		fprintf(f, "  %-16s %s\n", commands[i]->name, commands[i]->summary);
-	fprintf(f, "\n'idemctl COMMAND --help' shows a command's options and an example.\n"
-		   "exit codes: 0 success, 1 failure, 2 bad usage, 3 a check failed\n");
+		fprintf(f, "  %-22s %s\n", commands[i]->name, commands[i]->summary);
+	fprintf(f, "\n'idemctl COMMAND --help' shows a command's options and an example.\n%s",
+		exit_codes);
 }
 
-int cli_open(const cli_globals *g, idem_store **store, idem_pay **pay)
+int cli_open_opts(const cli_globals *g, const idem_store_opts *opts, idem_store **store,
+		  idem_pay **pay)
 {
 	int rc;
 
@@ -37,7 +51,7 @@ int cli_open(const cli_globals *g, idem_store **store, idem_pay **pay)
 		fprintf(stderr, "idemctl: no database: give --db URL or set IDEM_DB\n");
 		return EXIT_USAGE;
 	}
-	if ((rc = idem_store_open(store, g->db, NULL)) < 0)
+	if ((rc = idem_store_open(store, g->db, opts)) < 0)
 		return cli_fail("cannot open store", rc);
 	if ((rc = idem_pay_open(pay, *store, NULL)) < 0) {
 		idem_store_close(*store);
@@ -45,6 +59,11 @@ int cli_open(const cli_globals *g, idem_store **store, idem_pay **pay)
 		return cli_fail("cannot start", rc);
 	}
 	return 0;
+}
+
+int cli_open(const cli_globals *g, idem_store **store, idem_pay **pay)
+{
+	return cli_open_opts(g, NULL, store, pay);
 }
 
 void cli_close(idem_store *store, idem_pay *pay)
@@ -55,9 +74,45 @@ void cli_close(idem_store *store, idem_pay *pay)
 
 int cli_fail(const char *what, int rc)
 {
-	fprintf(stderr, "idemctl: %s: %s (%s)\n", what, idem_error_last()->message,
-		idem_strerror(rc));
+	const idem_error *e = idem_error_last();
+
+	if (e->code == rc && e->message[0])
+		fprintf(stderr, "idemctl: %s: %s (%s)\n", what, e->message, idem_strerror(rc));
+	else
+		fprintf(stderr, "idemctl: %s: %s\n", what, idem_strerror(rc));
 	return 1;
+}
+
+/* Does argv[i..] name command c? Returns the number of words (0: no). */
+static int matches(const cli_command *c, int argc, char **argv, int i)
+{
+	const char *sp = strchr(c->name, ' ');
+
+	if (!sp)
+		return strcmp(argv[i], c->name) == 0;
+	return i + 1 < argc && strncmp(argv[i], c->name, (size_t)(sp - c->name)) == 0 &&
+	       argv[i][sp - c->name] == '\0' && strcmp(argv[i + 1], sp + 1) == 0 ? 2 : 0;
+}
+
+/* "merchant" with no or an unknown subcommand: say which ones exist. */
+static int unknown_command(int argc, char **argv, int i)
+{
+	char subs[256] = "";
+	size_t used = 0, n = strlen(argv[i]);
+
+	for (size_t c = 0; c < NCOMMANDS; c++) {
+		const char *name = commands[c]->name;
+
+		if (strncmp(name, argv[i], n) == 0 && name[n] == ' ' && used < sizeof(subs))
+			used += (size_t)snprintf(subs + used, sizeof(subs) - used, "%s%s",
+						 used ? ", " : "", name + n + 1);
+	}
+	if (used && i + 1 < argc)
+		return cli_usage_error("unknown %s subcommand '%s' (one of: %s)", argv[i],
+				       argv[i + 1], subs);
+	if (used)
+		return cli_usage_error("%s needs a subcommand: %s", argv[i], subs);
+	return cli_usage_error("unknown command '%s'", argv[i]);
 }
 
 int main(int argc, char **argv)
@@ -77,46 +132,42 @@ int main(int argc, char **argv)
 			usage(stdout);
 			return 0;
 		} else {
-			fprintf(stderr, "idemctl: unknown option '%s' (see --help)\n", argv[i]);
-			return EXIT_USAGE;
+			return cli_usage_error("unknown option '%s'", argv[i]);
 		}
 	}
 	if (i >= argc) {
 		usage(stderr);
 		return EXIT_USAGE;
 	}
-	/* Commands are one or two words: "demo", "merchant add". */
 	for (size_t c = 0; c < NCOMMANDS; c++) {
-		const char *name = commands[c]->name, *sp = strchr(name, ' ');
-		int words = sp ? 2 : 1;
+		int words = matches(commands[c], argc, argv, i);
 
-		if (sp ? (i + 1 < argc && strncmp(argv[i], name, (size_t)(sp - name)) == 0 &&
-			  argv[i][sp - name] == '\0' && strcmp(argv[i + 1], sp + 1) == 0)
-		       : strcmp(argv[i], name) == 0) {
-			int nargs = argc - i - words, k = 0;
-			char **args = calloc((size_t)nargs + 1, sizeof(char *));
+		if (!words)
+			continue;
+		int nargs = argc - i - words, k = 0, rc;
+		char **args = calloc((size_t)nargs + 1, sizeof(char *));
 
-			if (!args)
-				return 1;
-			for (int j = i + words; j < argc; j++) {
-				if (strcmp(argv[j], "--json") == 0) {
-					g.json = 1;
-				} else if (strcmp(argv[j], "--db") == 0 && j + 1 < argc) {
-					g.db = argv[++j];
-				} else if (strcmp(argv[j], "--help") == 0 || strcmp(argv[j], "-h") == 0) {
-					printf("usage: idemctl %s\n", commands[c]->usage);
-					free(args);
-					return 0;
-				} else {
-					args[k++] = argv[j];
-				}
+		if (!args)
+			return 1;
+		for (int j = i + words; j < argc; j++) {
+			if (strcmp(argv[j], "--json") == 0) {
+				g.json = 1;
+			} else if (strcmp(argv[j], "--db") == 0 && j + 1 < argc) {
+				g.db = argv[++j];
+			} else if (strncmp(argv[j], "--db=", 5) == 0) {
+				g.db = argv[j] + 5;
+			} else if (strcmp(argv[j], "--help") == 0 || strcmp(argv[j], "-h") == 0) {
+				printf("usage: idemctl [--db URL] %s\n%s", commands[c]->usage,
+				       exit_codes);
+				free(args);
+				return 0;
+			} else {
+				args[k++] = argv[j];
 			}
-			int rc = commands[c]->run(&g, k, args);
-
-			free(args);
-			return rc;
 		}
+		rc = commands[c]->run(&g, k, args);
+		free(args);
+		return rc;
 	}
-	fprintf(stderr, "idemctl: unknown command '%s' (see --help)\n", argv[i]);
-	return EXIT_USAGE;
+	return unknown_command(argc, argv, i);
 }

@@ -1,34 +1,29 @@
-/* cli/merchant.c: `idemctl merchant add NAME`: prints the API key once. */
-#include <jansson.h>
-#include <stdio.h>
+/*
+ * cli/merchant.c: `idemctl merchant add|list|rotate-key`. An API key is
+ * printed once, when it is made; only its digest is stored, and list never
+ * shows key material.
+ */
 #include <stdlib.h>
 
 #include "cli/cli.h"
 
-static int run(const cli_globals *g, int argc, char **argv)
+static int add(const cli_globals *g, int argc, char **argv)
 {
 	idem_store *store = NULL;
 	idem_pay *pay = NULL;
 	char id[IDEM_PAY_ID_SIZE], key[IDEM_PAY_SECRET_SIZE];
 	int rc;
 
-	if (argc != 1) {
-		fprintf(stderr, "idemctl: merchant add takes one NAME (see --help)\n");
-		return EXIT_USAGE;
-	}
+	if (argc != 1 || argv[0][0] == '-')
+		return cli_usage_error("merchant add takes one NAME");
 	if ((rc = cli_open(g, &store, &pay)) != 0)
 		return rc;
 	rc = idem_pay_merchant_add(pay, argv[0], id, key);
 	if (rc < 0) {
 		rc = cli_fail("cannot add merchant", rc);
 	} else if (g->json) {
-		json_t *o = json_pack("{s:s, s:s, s:s}", "merchant_id", id, "name", argv[0],
-				      "api_key", key);
-		char *s = o ? json_dumps(o, JSON_PRESERVE_ORDER) : NULL;
-
-		printf("%s\n", s ? s : "{}");
-		free(s);
-		json_decref(o);
+		rc = cli_print_json(json_pack("{s:s, s:s, s:s}", "merchant_id", id, "name", argv[0],
+					      "api_key", key));
 	} else {
 		printf("merchant %s (%s) created\napi key: %s\n"
 		       "The key is shown only this once; only its digest is stored.\n",
@@ -38,11 +33,117 @@ static int run(const cli_globals *g, int argc, char **argv)
 	return rc;
 }
 
+typedef struct {
+	int json;
+	json_t *list;
+	int64_t n;
+} list_ctx;
+
+static int list_entry(void *ctx, const idem_admin_entry *e)
+{
+	list_ctx *l = ctx;
+	char when[32];
+
+	cli_time(when, e->created_at_ms);
+	l->n++;
+	if (l->json)
+		return json_array_append_new(l->list, json_pack("{s:s, s:s, s:s}", "merchant_id",
+								e->id, "name", e->name,
+								"created_at", when)) < 0
+			   ? IDEM_ENOMEM
+			   : 0;
+	printf("%-36s  %-24s  %s\n", e->id, when, e->name);
+	return 0;
+}
+
+static int list(const cli_globals *g, int argc, char **argv)
+{
+	idem_store *store = NULL;
+	idem_pay *pay = NULL;
+	list_ctx l = {g->json, NULL, 0};
+	int rc;
+
+	(void)argv;
+	if (argc != 0)
+		return cli_usage_error("merchant list takes no arguments");
+	if ((rc = cli_open(g, &store, &pay)) != 0)
+		return rc;
+	if (g->json && !(l.list = json_array())) {
+		rc = cli_fail("cannot list merchants", IDEM_ENOMEM);
+		goto done;
+	}
+	if (!g->json)
+		printf("%-36s  %-24s  %s\n", "MERCHANT_ID", "CREATED_AT", "NAME");
+	if ((rc = idem_admin_merchant_list(pay, list_entry, &l)) < 0) {
+		rc = cli_fail("cannot list merchants", rc);
+		goto done;
+	}
+	if (g->json) {
+		rc = cli_print_json(json_pack("{s:o}", "merchants", l.list));
+		l.list = NULL;
+	} else {
+		printf("%lld merchant%s\n", (long long)l.n, l.n == 1 ? "" : "s");
+	}
+done:
+	json_decref(l.list);
+	cli_close(store, pay);
+	return rc;
+}
+
+static int rotate(const cli_globals *g, int argc, char **argv)
+{
+	idem_store *store = NULL;
+	idem_pay *pay = NULL;
+	char key[IDEM_PAY_SECRET_SIZE];
+	int rc;
+
+	if (argc != 1 || argv[0][0] == '-')
+		return cli_usage_error("merchant rotate-key takes one MERCHANT_ID");
+	if ((rc = cli_open(g, &store, &pay)) != 0)
+		return rc;
+	rc = idem_admin_merchant_rotate_key(pay, argv[0], key);
+	if (rc < 0)
+		rc = cli_fail("cannot rotate the key", rc);
+	else if (g->json)
+		rc = cli_print_json(
+		    json_pack("{s:s, s:s}", "merchant_id", argv[0], "api_key", key));
+	else
+		printf("merchant %s has a new api key: %s\n"
+		       "The old key is revoked. The new one is shown only this once.\n",
+		       argv[0], key);
+	cli_close(store, pay);
+	return rc;
+}
+
 const cli_command cli_merchant_add = {
 	"merchant add",
-	"create a merchant and print its API key",
+	"create a merchant and print its API key (once)",
 	"merchant add NAME [--json]\n\n"
-	"Creates a merchant and prints its id and API key (shown once).\n\n"
-	"example:\n  idemctl --db sqlite:var/idem.db merchant add \"Acme Shop\" --json",
-	run,
+	"Creates a merchant and prints its id and API key. The key is shown this once;\n"
+	"only its SHA-256 digest is stored.\n"
+	"--json prints {\"merchant_id\", \"name\", \"api_key\"}.\n\n"
+	"example:\n  idemctl --db sqlite:var/idem.db merchant add \"Acme Shop\" --json\n",
+	add,
+};
+
+const cli_command cli_merchant_list = {
+	"merchant list",
+	"list merchants (ids, names; never keys)",
+	"merchant list [--json]\n\n"
+	"Lists every merchant's id, creation time and name, oldest first.\n"
+	"--json prints {\"merchants\": [{\"merchant_id\", \"name\", \"created_at\"}]}.\n\n"
+	"example:\n  idemctl --db sqlite:var/idem.db merchant list\n",
+	list,
+};
+
+const cli_command cli_merchant_rotate_key = {
+	"merchant rotate-key",
+	"give a merchant a new API key; the old one stops working",
+	"merchant rotate-key MERCHANT_ID [--json]\n\n"
+	"Replaces the merchant's API key and prints the new one once. The old key is\n"
+	"rejected (401) from then on; an idemd that verified it recently may accept\n"
+	"it for a few seconds more.\n"
+	"--json prints {\"merchant_id\", \"api_key\"}.\n\n"
+	"example:\n  idemctl --db sqlite:var/idem.db merchant rotate-key m_0123abcd --json\n",
+	rotate,
 };
