@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "idem/admin.h"
 #include "server/server.h"
 
 static void usage(FILE *f)
@@ -246,6 +247,7 @@ int main(int argc, char **argv)
 	idem_pay_opts po = IDEM_PAY_OPTS_INIT;
 	server_state st = {0};
 	http_server *http = NULL;
+	idem_stats_flusher *stats = NULL;
 	sigset_t sigs;
 	char err[256];
 	int rc, sig = 0, exit_code = 1;
@@ -283,6 +285,10 @@ int main(int argc, char **argv)
 		log_msg("error", "cannot start: %s", idem_error_last()->message);
 		goto done;
 	}
+	/* Outcome counters go to the store every few seconds, so that
+	 * `idemctl stats` sees every instance (never a write per request). */
+	if (idem_stats_flusher_start(&stats, st.store, NULL) < 0)
+		log_msg("warn", "stats flusher not started: %s", idem_error_last()->message);
 	st.cfg = &cfg;
 	if (http_start(&http, &st, err, sizeof(err)) < 0) {
 		log_msg("error", "%s", err);
@@ -302,6 +308,7 @@ int main(int argc, char **argv)
 	exit_code = 0;
 done:
 	http_stop(http, 0);
+	idem_stats_flusher_stop(stats); /* a last flush after the last request */
 	idem_pay_close(st.pay);
 	idem_store_close(st.store);
 	if (exit_code == 0)
