@@ -131,11 +131,22 @@ typedef int (*idem_row_fn)(void *ctx, const idem_value *cols, int ncols);
  * receives the number of rows it changed.
  * Returns 0; IDEM_ECONFLICT when a UNIQUE index rejected the write;
  * IDEM_ECONSTRAINT for NOT NULL/CHECK/foreign-key violations; IDEM_ERETRY for
- * transient lock failures; IDEM_EUNAVAIL, IDEM_ESTORE otherwise. A failed
- * statement leaves the transaction usable; the unit decides what to do.
+ * transient lock failures; IDEM_EUNAVAIL, IDEM_ESTORE otherwise. After a
+ * failed statement the unit must return an error (its savepoint is then
+ * rolled back): on PostgreSQL the transaction accepts nothing else until
+ * then. To handle a failure and go on, use idem_txn_try_exec.
  */
 IDEM_EXTERN int idem_txn_exec(idem_txn *txn, const char *sql, const idem_value *params,
 			      int nparams, int64_t *changes_out);
+
+/*
+ * idem_txn_exec for a statement whose failure the unit handles and then
+ * continues (an INSERT that may meet a business unique index, the backstop):
+ * a failure rolls back this statement only and the transaction stays
+ * usable. Costs a savepoint round trip on PostgreSQL, nothing elsewhere.
+ */
+IDEM_EXTERN int idem_txn_try_exec(idem_txn *txn, const char *sql, const idem_value *params,
+				  int nparams, int64_t *changes_out);
 
 /* Run a query inside txn; row_fn is called for each row (may be NULL). */
 IDEM_EXTERN int idem_txn_query(idem_txn *txn, const char *sql, const idem_value *params,

@@ -49,7 +49,7 @@ static int notify_work(idem_txn *txn, void *vctx, idem_response *resp)
 		                   IDEM_V_INT(p.amount),
 		                   IDEM_V_INT(now)};
 
-		rc = idem_txn_exec(txn,
+		rc = idem_txn_try_exec(txn,
 		                   "INSERT INTO notifications (channel, notify_id, payment_id,"
 		                   " channel_txn_id, status, amount, created_at)"
 		                   " VALUES (?, ?, ?, ?, ?, ?, ?)",

@@ -175,7 +175,7 @@ static int create_payment_work(idem_txn *txn, void *vctx, idem_response *resp)
 		    IDEM_V_INT(now),
 		};
 
-		rc = idem_txn_exec(
+		rc = idem_txn_try_exec(
 		    txn,
 		    "INSERT INTO payments (id, merchant_id, merchant_order_no, amount,"
 		    " currency, channel, description, metadata, status, refunded_amount,"

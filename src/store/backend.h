@@ -109,6 +109,10 @@ typedef struct {
 	/* Generic SQL (see idem_txn_exec / idem_store_query). */
 	int (*txn_exec)(idem_txn *txn, const char *sql, const idem_value *params, int n,
 			int64_t *changes);
+	/* A statement whose failure leaves the transaction usable; NULL: txn_exec
+	 * already does (SQLite, MariaDB roll back only the failed statement). */
+	int (*txn_try_exec)(idem_txn *txn, const char *sql, const idem_value *params, int n,
+			    int64_t *changes);
 	int (*txn_query)(idem_txn *txn, const char *sql, const idem_value *params, int n,
 			 idem_row_fn fn, void *ctx);
 	int (*read_query)(idem__backend *be, const char *sql, const idem_value *params, int n,

@@ -210,6 +210,18 @@ int idem_txn_exec(idem_txn *txn, const char *sql, const idem_value *params, int 
 	return txn->store->ops->txn_exec(txn, sql, params, nparams, changes_out);
 }
 
+int idem_txn_try_exec(idem_txn *txn, const char *sql, const idem_value *params, int nparams,
+		      int64_t *changes_out)
+{
+	const idem__backend_ops *ops = txn->store->ops;
+
+	if (changes_out)
+		*changes_out = 0;
+	if (ops->txn_try_exec)
+		return ops->txn_try_exec(txn, sql, params, nparams, changes_out);
+	return ops->txn_exec(txn, sql, params, nparams, changes_out);
+}
+
 int idem_txn_query(idem_txn *txn, const char *sql, const idem_value *params, int nparams,
                    idem_row_fn row_fn, void *ctx)
 {

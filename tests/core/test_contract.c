@@ -59,9 +59,9 @@ static int unit_fn(idem_txn *txn, void *ctx, idem_response *resp)
 
 	u->calls++;
 	rc = idem_txn_exec(txn,
-			   u->bad_sql ? u->bad_sql
-				      : "INSERT INTO work_log (scope, k, worker) VALUES (?, ?, ?)",
-			   p, u->bad_sql ? 0 : 3, NULL);
+	                   u->bad_sql ? u->bad_sql
+	                              : "INSERT INTO work_log (scope, k, worker) VALUES (?, ?, ?)",
+	                   p, u->bad_sql ? 0 : 3, NULL);
 	if (rc < 0)
 		return rc;
 	if ((rc = idem_response_set(resp, u->status, u->body, u->len)) < 0)
@@ -83,7 +83,7 @@ static idem_request req_for(const char *scope, const char *type, const char *key
 }
 
 static int exec_unit(fixture *f, const char *type, const char *key, const char *fp, unit *u,
-		     idem_result *res)
+                     idem_result *res)
 {
 	idem_request r = req_for(f->scope, type, key, fp);
 
@@ -204,7 +204,7 @@ static void unstored_answer_leaves_nothing(void **state)
 	assert_int_equal(res.http_status, 404);
 	idem_result_clear(&res);
 	assert_int_equal(idem_record_get(&info, f->store, f->scope, "transfer", "T2", 2),
-			 IDEM_ENOTFOUND);
+	                 IDEM_ENOTFOUND);
 	assert_int_equal(test_work_count(f->store, f->scope, "T2"), 0);
 	assert_int_equal(exec_unit(f, "transfer", "T2", fp, &u, &res), 0);
 	assert_int_equal(res.outcome, IDEM_FIRST);
@@ -326,7 +326,7 @@ static void abort_releases(void **state)
 	assert_int_equal(idem_claim_abort(c), 0);
 	idem_claim_free(c);
 	assert_int_equal(idem_record_get(&info, f->store, f->scope, "payment", "K", 1),
-			 IDEM_ENOTFOUND);
+	                 IDEM_ENOTFOUND);
 	assert_int_equal(exec_unit(f, "payment", "K", fp, &u, &res), 0);
 	assert_int_equal(res.outcome, IDEM_FIRST);
 	idem_result_clear(&res);
@@ -375,7 +375,7 @@ static void finish_with_work(void **state)
 	assert_int_equal(res.stored, 0);
 	idem_result_clear(&res);
 	assert_int_equal(idem_record_get(&info, f->store, f->scope, "payment", "F2", 2),
-			 IDEM_ENOTFOUND);
+	                 IDEM_ENOTFOUND);
 	assert_int_equal(test_work_count(f->store, f->scope, "F2"), 0);
 	idem_claim_free(c);
 	idem_claim_free(c2);
@@ -443,9 +443,8 @@ static void composite_scope(void **state)
 	idem_result_clear(&res);
 	assert_int_equal(u.calls, 4);
 	/* SQL metacharacters are just bytes of the key. */
-	assert_int_equal(exec_unit(f, "payment", "x';DELETE/**/FROM/**/idem_records;--", fp, &u,
-				   &res),
-			 0);
+	assert_int_equal(
+	    exec_unit(f, "payment", "x';DELETE/**/FROM/**/idem_records;--", fp, &u, &res), 0);
 	assert_int_equal(res.outcome, IDEM_FIRST);
 	idem_result_clear(&res);
 	assert_int_equal(exec_unit(f, "payment", "A1", fp, &u, &res), 0);
@@ -498,7 +497,7 @@ static void constraint_violations_are_errors(void **state)
 	u.bad_sql = "INSERT INTO no_such_table VALUES (1)";
 	assert_int_equal(exec_unit(f, "payment", "K", fp, &u, &res), IDEM_ESTORE);
 	assert_int_equal(idem_record_get(&info, f->store, f->scope, "payment", "K", 1),
-			 IDEM_ENOTFOUND);
+	                 IDEM_ENOTFOUND);
 	/* The key was never taken: a good retry runs. */
 	u.bad_sql = NULL;
 	assert_int_equal(exec_unit(f, "payment", "K", fp, &u, &res), 0);
@@ -512,9 +511,9 @@ static int create_uniq(idem_txn *txn, void *ctx)
 {
 	(void)ctx;
 	return idem_txn_exec(txn,
-			     "CREATE TABLE IF NOT EXISTS biz_orders (merchant VARCHAR(64) NOT NULL,"
-			     " order_no VARCHAR(64) NOT NULL, UNIQUE (merchant, order_no))",
-			     NULL, 0, NULL);
+	                     "CREATE TABLE IF NOT EXISTS biz_orders (merchant VARCHAR(64) NOT NULL,"
+	                     " order_no VARCHAR(64) NOT NULL, UNIQUE (merchant, order_no))",
+	                     NULL, 0, NULL);
 }
 
 /* A business unique index is its own kind of error: the backstop. */
@@ -533,6 +532,45 @@ static void business_unique_conflict(void **state)
 	idem_result_clear(&res);
 	assert_int_equal(exec_unit(f, "payment", "K2", fp, &u, &res), IDEM_ECONFLICT);
 	assert_int_equal(exec_unit(f, "payment", "K2", fp, &u, &res), IDEM_ECONFLICT);
+}
+
+/* try_exec: a unit handles a conflict and goes on in the same transaction. */
+static int try_then_continue(idem_txn *txn, void *ctx, idem_response *resp)
+{
+	const char *scope = ctx;
+	idem_value p[2] = {IDEM_V_TEXT(scope), IDEM_V_TEXT("after")};
+	int rc = idem_txn_try_exec(
+	    txn, "INSERT INTO biz_orders (merchant, order_no) VALUES ('m', 'ORD-1')", NULL, 0,
+	    NULL);
+
+	if (rc != IDEM_ECONFLICT)
+		return rc < 0 ? rc : IDEM_EINVAL;
+	if ((rc = idem_txn_exec(txn, "INSERT INTO work_log (scope, k, worker) VALUES (?, ?, 1)", p,
+	                        2, NULL)) < 0)
+		return rc;
+	return idem_response_set(resp, 200, "went on", 7);
+}
+
+static void try_exec_keeps_the_transaction(void **state)
+{
+	fixture *f = *state;
+	unit u = {.status = 201, .body = "h", .len = 1, .persist = 1};
+	idem_request r;
+	idem_result res = {0};
+	char fp[65];
+
+	assert_int_equal(idem_store_transact(f->store, create_uniq, NULL), 0);
+	test_fp(fp, "{}");
+	u.bad_sql = "INSERT INTO biz_orders (merchant, order_no) VALUES ('m', 'ORD-1')";
+	assert_int_equal(exec_unit(f, "payment", "K1", fp, &u, &res), 0);
+	idem_result_clear(&res);
+	r = req_for(f->scope, "payment", "K2", fp);
+	assert_int_equal(idem_execute(&res, f->store, &r, try_then_continue, f->scope), 0);
+	assert_int_equal(res.outcome, IDEM_FIRST);
+	assert_int_equal(res.stored, 1);
+	assert_memory_equal(res.body, "went on", 7);
+	idem_result_clear(&res);
+	assert_int_equal(test_work_count(f->store, f->scope, "after"), 1);
 }
 
 static int count_all(void *ctx, const idem_value *cols, int n)
@@ -593,13 +631,13 @@ static void purge(void **state)
 	assert_string_equal(info.status, "PROCESSING");
 	idem_record_info_clear(&info);
 	assert_int_equal(idem_record_get(&info, f->store, f->scope, "payment", "old0", 4),
-			 IDEM_ENOTFOUND);
+	                 IDEM_ENOTFOUND);
 	assert_int_equal(idem_record_get(&info, f->store, f->scope, "payment", "new2", 4), 0);
 	idem_record_info_clear(&info);
 	/* Business rows are never purged. */
 	assert_int_equal(idem_store_query(f->store, "SELECT k FROM work_log WHERE scope = ?",
-					  &IDEM_V_TEXT(f->scope), 1, count_all, &rows),
-			 0);
+	                                  &IDEM_V_TEXT(f->scope), 1, count_all, &rows),
+	                 0);
 	assert_int_equal(rows, 8);
 	/* max_batches bounds the work. */
 	test_clock_advance(&f->clock, 1000000);
@@ -685,25 +723,26 @@ static void unknown_scheme(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		T(first_then_replay),
-		T(replay_through_write_path),
-		T(mismatch),
-		T(stored_business_error_replays),
-		T(unstored_answer_leaves_nothing),
-		T(in_progress_and_takeover),
-		T(mismatch_while_processing),
-		T(extend_keeps_the_lease),
-		T(abort_releases),
-		T(finish_with_work),
-		T(reuse_after_expiry),
-		T(composite_scope),
-		T(bad_requests),
-		T(constraint_violations_are_errors),
-		T(business_unique_conflict),
-		T(purge),
-		T(counters),
-		T(migrations_are_idempotent),
-		cmocka_unit_test(unknown_scheme),
+	    T(first_then_replay),
+	    T(replay_through_write_path),
+	    T(mismatch),
+	    T(stored_business_error_replays),
+	    T(unstored_answer_leaves_nothing),
+	    T(in_progress_and_takeover),
+	    T(mismatch_while_processing),
+	    T(extend_keeps_the_lease),
+	    T(abort_releases),
+	    T(finish_with_work),
+	    T(reuse_after_expiry),
+	    T(composite_scope),
+	    T(bad_requests),
+	    T(constraint_violations_are_errors),
+	    T(business_unique_conflict),
+	    T(try_exec_keeps_the_transaction),
+	    T(purge),
+	    T(counters),
+	    T(migrations_are_idempotent),
+	    cmocka_unit_test(unknown_scheme),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
