@@ -30,6 +30,7 @@ typedef struct {
 	int ncache;
 	struct {
 		char *sql; /* our own copy: callers may pass stack buffers */
+		uint64_t hash;
 		sqlite3_stmt *st;
 	} cache[STMT_CACHE];
 } conn;
@@ -100,10 +101,14 @@ static int fail(sqlite3 *db, int rc, err_ctx ctx, const char *what)
 
 static int prepare(conn *c, const char *sql, sqlite3_stmt **out, int *cached)
 {
+	uint64_t h = 14695981039346656037ULL;
 	int rc;
 
+	/* A request runs about ten statements: compare hashes, not SQL texts. */
+	for (const unsigned char *p = (const unsigned char *)sql; *p; p++)
+		h = (h ^ *p) * 1099511628211ULL;
 	for (int i = 0; i < c->ncache; i++)
-		if (strcmp(c->cache[i].sql, sql) == 0) {
+		if (c->cache[i].hash == h && strcmp(c->cache[i].sql, sql) == 0) {
 			*out = c->cache[i].st;
 			*cached = 1;
 			return 0;
@@ -120,6 +125,7 @@ static int prepare(conn *c, const char *sql, sqlite3_stmt **out, int *cached)
 			return idem__error(IDEM_ENOMEM, "out of memory");
 		}
 		c->cache[c->ncache].sql = copy;
+		c->cache[c->ncache].hash = h;
 		c->cache[c->ncache].st = *out;
 		c->ncache++;
 	}
