@@ -368,10 +368,14 @@ class MyServer(_Private):
                 "--innodb-flush-log-at-trx-commit=2", "--innodb-doublewrite=0",
                 "--max-connections=150", "--character-set-server=utf8mb4",
                 "--collation-server=utf8mb4_bin"]
+        # Not through runuser: runuser stops itself when its child is
+        # SIGSTOPped and would then never reap it. Popen drops privileges
+        # itself, so self.proc is mariadbd.
+        kw = {}
         if os.getuid() == 0:
-            argv = ["runuser", "-u", self.user, "--"] + argv
+            kw = {"user": self.user, "group": self.user, "extra_groups": []}
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
+                                     stderr=subprocess.DEVNULL, **kw)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

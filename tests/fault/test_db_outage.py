@@ -1,0 +1,392 @@
+"""The database goes away under load, then comes back (issue 4):
+
+    python3 tests/fault/test_db_outage.py postgres|mariadb stop|sigstop
+
+The test starts its OWN throwaway server (dbserver.PgServer / MyServer in a
+temp dir), so stopping it disturbs no other suite, and one idemd on it.
+Client threads keep payments, their SUCCESS notifications and refunds in
+flight; a client that gets 503 retries the same request (same key, same
+body) until it is acknowledged, as a real client would. Mid-load:
+
+  stop     PostgreSQL: pg_ctl stop -m immediate; MariaDB: SIGKILL of mariadbd.
+           Restarted after a few seconds on the same data dir and port.
+  sigstop  every server process SIGSTOPped (connections hang instead of
+           failing); SIGCONT after long enough for idemd's I/O bounds to fire.
+
+Proved:
+- every answer, at any time, is a first 2xx or 503 store_unavailable
+  (problem+json, Retry-After); never 422, 500, 409 or anything else, and a
+  replay only for a retry of a request that had been answered 503 (its
+  COMMIT may have happened with the acknowledgement lost); every request is
+  answered within CLIENT_TIMEOUT;
+- every answer to a request sent once the database was gone and received
+  before it came back is 503 store_unavailable (GET /healthz: 503); at least
+  one such answer is seen;
+- the same idemd process (never restarted) serves again: /healthz turns 200
+  and every request sent after that is acknowledged at the first attempt;
+- nothing acknowledged is missing: every 2xx payment is there (GET and SQL),
+  every acknowledged credit and refund is in the balance, which equals the
+  client-side total exactly (GET /v1/balance and SQL, balance == ledger sum),
+  one payment row per key; and a retry of every acknowledged request replays
+  the first answer byte for byte with Idempotent-Replayed: true.
+"""
+
+import json
+import os
+import sys
+import threading
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dbserver  # noqa: E402
+from dbserver import harness  # noqa: E402
+from harness import uid  # noqa: E402
+
+BACKEND = dbserver.backend_arg()
+MODE = sys.argv.pop(1) if len(sys.argv) > 1 and sys.argv[1] in ("stop", "sigstop") \
+    else os.environ.get("IDEM_FAULT_MODE", "stop")
+
+WORKERS = 6
+WARMUP_ACKS = 40           # acknowledged requests before the outage
+# sigstop: long enough for idemd's bounds to fire (a hung statement fails
+# after busy_timeout 2 s + 10 s, then a fresh connection after connect_timeout
+# 10 s: about 22 s) and for their 503s to arrive while the server is stopped.
+DOWN_SECONDS = float(os.environ.get("IDEM_FAULT_DOWN_SECONDS") or
+                     {"stop": 6.0, "sigstop": 30.0}[MODE])
+AFTER_HEALTHY = 3.0        # load kept on after idemd is healthy again
+CLIENT_TIMEOUT = 60.0      # one request; idemd bounds its own waits well below
+RETRY_PAUSE = 0.2
+GRACE = 2.0                # an answer to a request committed just before the outage
+REFUND = 100
+
+
+T_START = time.monotonic()
+
+
+class Attempt:
+    __slots__ = ("req", "t_send", "t_recv", "resp", "error", "n")
+
+    def __init__(self, req, n, t_send, t_recv, resp, error):
+        self.req, self.n, self.t_send, self.t_recv = req, n, t_send, t_recv
+        self.resp, self.error = resp, error
+
+    def __repr__(self):
+        return "<%s %s try %d sent %.2f recv %.2f %r%s>" % (
+            self.req.kind, self.req.key, self.n, self.t_send, self.t_recv,
+            self.resp, (" error " + self.error) if self.error else "")
+
+
+class Req:
+    """One logical request, retried until acknowledged."""
+
+    def __init__(self, kind, merchant, path, body, key, amount, auth="bearer", channel=None):
+        self.kind, self.merchant, self.path = kind, merchant, path
+        self.body = harness.dumps(body)
+        self.key, self.amount, self.auth, self.channel = key, amount, auth, channel
+        self.acked = None      # the 2xx Attempt
+        self.tries = 0
+
+    def send(self, server):
+        if self.auth == "bearer":
+            h = self.merchant.headers(self.key)
+        else:
+            h = {"Content-Type": "application/json",
+                 "X-Signature": harness.sign(self.channel.secret, self.body)}
+        return server.request("POST", self.path, self.body, h, timeout=CLIENT_TIMEOUT)
+
+
+class DbOutage(unittest.TestCase):
+    def setUp(self):
+        dbserver.require_idemd()
+        self.dbs = dbserver.private_server(BACKEND)
+        self.addCleanup(self.dbs.cleanup)
+        self.db = dbserver.Database(self.dbs.admin_url(), "o")
+        self.idemd = harness.Server(["--threads", "8"], db_url=self.db.url)
+        self.addCleanup(self.idemd.cleanup)
+        self.idemd.start()
+        self.t0 = time.monotonic()
+        sys.stderr.write("\n%s %s: database server and idemd up in %.1fs\n"
+                         % (BACKEND, MODE, self.t0 - T_START))
+        self.lock = threading.Lock()
+        self.attempts = []      # every POST attempt
+        self.probes = []        # (what, t_send, t_recv, resp or None, error)
+        self.reqs = []
+        self.stop_load = threading.Event()
+        self.stop_probe = threading.Event()
+        self.failures = []
+
+    def now(self):
+        return time.monotonic() - self.t0
+
+    # -- load ------------------------------------------------------------------
+
+    def attempt(self, req):
+        req.tries += 1
+        t_send = self.now()
+        resp = err = None
+        try:
+            resp = req.send(self.idemd)
+        except OSError as e:
+            err = "%s: %s" % (type(e).__name__, e)
+        a = Attempt(req, req.tries, t_send, self.now(), resp, err)
+        with self.lock:
+            self.attempts.append(a)
+        if resp is not None and 200 <= resp.status < 300:
+            req.acked = a
+        return a
+
+    def until_acked(self, req, deadline):
+        while req.acked is None:
+            if time.monotonic() > deadline:
+                return False
+            a = self.attempt(req)
+            if req.acked is None:
+                if a.resp is not None and a.resp.status != 503:
+                    return False  # a wrong answer; retrying would hide it
+                time.sleep(RETRY_PAUSE)
+        return True
+
+    def worker(self, w, merchants, ch):
+        m = merchants[w % len(merchants)]
+        n = 0
+        try:
+            while not self.stop_load.is_set():
+                n += 1
+                amount = 1000 + 10 * w + n
+                pay = Req("payment", m, "/v1/payments",
+                          m.payment_body(amount, "CNY", ch.name, order=uid("ORD")),
+                          uid("K"), amount)
+                chain = [pay]
+                with self.lock:
+                    self.reqs.append(pay)
+                # The chain is finished even after stop_load: every logical
+                # request ends acknowledged, so the balance is exact.
+                deadline = time.monotonic() + 90
+                if not self.until_acked(pay, deadline):
+                    return
+                pid = pay.acked.resp.json()["id"]
+                note = Req("notification", m, "/v1/notifications/" + ch.name,
+                           ch.body(pid, amount, "SUCCESS", uid("N"), uid("TXN")),
+                           None, amount, auth="signature", channel=ch)
+                chain.append(note)
+                if n % 3 == 0:
+                    chain.append(Req("refund", m, "/v1/refunds",
+                                     {"refund_request_no": uid("R"), "payment_id": pid,
+                                      "amount": REFUND}, uid("RK"), REFUND))
+                for r in chain[1:]:
+                    with self.lock:
+                        self.reqs.append(r)
+                    if not self.until_acked(r, deadline):
+                        return
+        except Exception as e:  # noqa: BLE001
+            self.failures.append("worker %d: %r" % (w, e))
+
+    def prober(self, m):
+        """GET /healthz and GET /v1/balance, one after the other, all along."""
+        while not self.stop_probe.is_set():
+            for what, fn in (("healthz", lambda: self.idemd.request("GET", "/healthz",
+                                                                    timeout=CLIENT_TIMEOUT)),
+                             ("balance", lambda: m.get("/v1/balance"))):
+                t = self.now()
+                try:
+                    r, e = fn(), None
+                except OSError as ex:
+                    r, e = None, repr(ex)
+                self.probes.append((what, t, self.now(), r, e))
+            time.sleep(0.25)
+
+    def acked_count(self):
+        with self.lock:
+            return sum(1 for a in self.attempts if a.resp is not None and
+                       200 <= a.resp.status < 300)
+
+    # -- the test ------------------------------------------------------------------
+
+    def test_database_gone_mid_load(self):
+        srv = self.idemd
+        pid_before = srv.proc.pid
+        ch = srv.new_channel()
+        merchants = [srv.new_merchant() for _ in range(3)]
+        threads = [threading.Thread(target=self.worker, args=(w, merchants, ch), daemon=True)
+                   for w in range(WORKERS)]
+        probe = threading.Thread(target=self.prober, args=(merchants[0],), daemon=True)
+        for t in threads + [probe]:
+            t.start()
+
+        deadline = time.monotonic() + 20
+        while self.acked_count() < WARMUP_ACKS and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertGreaterEqual(self.acked_count(), WARMUP_ACKS, "too little load before")
+
+        t_down_begin = self.now()
+        if MODE == "stop":
+            self.dbs.crash()
+        else:
+            self.dbs.freeze()
+        t_down = self.now()
+        time.sleep(DOWN_SECONDS)
+        t_up_begin = self.now()
+        if MODE == "stop":
+            self.dbs.start()
+        else:
+            self.dbs.thaw()
+        t_up = self.now()
+
+        # The same idemd serves again, without a restart.
+        t_healthy = None
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline:
+            try:
+                if srv.request("GET", "/healthz", timeout=CLIENT_TIMEOUT).status == 200:
+                    t_healthy = self.now()
+                    break
+            except OSError:
+                pass
+            time.sleep(0.1)
+        self.assertIsNotNone(t_healthy, "idemd's /healthz never turned 200 after the database "
+                             "came back\n" + srv.log_tail())
+        self.assertIsNone(srv.proc.poll(), "idemd exited")
+        self.assertEqual(srv.proc.pid, pid_before)
+        acks_at_healthy = self.acked_count()
+        time.sleep(AFTER_HEALTHY)
+        self.stop_load.set()
+        for t in threads:
+            t.join(100)
+        self.stop_probe.set()
+        probe.join(CLIENT_TIMEOUT + 5)
+        self.assertFalse(any(t.is_alive() for t in threads), "a client is still waiting")
+        t_last = self.now()
+        self.assertEqual(self.failures, [])
+
+        if os.environ.get("IDEM_TEST_VERBOSE"):
+            for a in self.attempts:
+                if a.t_recv - a.t_send > 1 or (a.resp is not None and a.resp.status != 201
+                                               and a.resp.status != 200):
+                    sys.stderr.write("slow or failed: %r\n" % a)
+            for p in self.probes:
+                if p[2] - p[1] > 1 or p[3] is None or p[3].status != 200:
+                    sys.stderr.write("probe: %r\n" % (p,))
+        timeline = ("timeline (s): down %.2f..%.2f, back %.2f..%.2f, healthy %.2f"
+                    % (t_down_begin, t_down, t_up_begin, t_up, t_healthy))
+        sys.stderr.write("\n%s %s: %s\n" % (BACKEND, MODE, timeline))
+
+        # ---- every answer -----------------------------------------------------------
+        bad, in_window, replays_after_503 = [], [], 0
+        for a in self.attempts:
+            r = a.resp
+            if r is None:
+                bad.append("no answer: %r" % a)
+                continue
+            if 200 <= r.status < 300:
+                if r.header("Idempotent-Replayed") is not None:
+                    earlier = [b for b in self.attempts if b.req is a.req and b.n < a.n]
+                    # only after a 503 or a client timeout (the no-answer
+                    # itself is reported below): its COMMIT may have happened
+                    if not earlier or any(b.resp is not None and b.resp.status != 503
+                                          for b in earlier):
+                        bad.append("replay of a request never executed: %r" % a)
+                    else:
+                        replays_after_503 += 1
+            elif r.status == 503:
+                p = r.json()
+                if p.get("code") != "store_unavailable" or not r.header("Retry-After") or \
+                        (r.header("Content-Type") or "").split(";")[0] != \
+                        "application/problem+json" or r.header("Idempotent-Replayed"):
+                    bad.append("503 is not a store_unavailable problem: %r" % a)
+            else:
+                bad.append("neither 2xx nor 503: %r" % a)
+            # Answered while the database was gone. A request sent before
+            # may have committed just before and be answered a moment late;
+            # past GRACE nothing from before the outage may be a 2xx either.
+            if a.t_recv <= t_up_begin and (a.t_send >= t_down or a.t_recv >= t_down + GRACE):
+                in_window.append(a)
+                if r.status != 503:
+                    bad.append("answered while the database was gone: %r" % a)
+            if a.t_send >= t_healthy and not (200 <= r.status < 300):
+                bad.append("not served after /healthz was 200 again: %r" % a)
+        self.assertEqual(bad, [], "\n".join(bad[:20]) + "\n" + timeline + "\n" +
+                         srv.log_tail(30))
+        self.assertGreater(len(in_window), 0, "no answer arrived while the database was "
+                           "gone: nothing was proved\n" + timeline)
+        probes_down = [p for p in self.probes if p[2] <= t_up_begin and
+                       (p[1] >= t_down or p[2] >= t_down + GRACE)]
+        for what, ts, tr, r, e in self.probes:
+            self.assertIsNotNone(r, "%s probe got no answer: %s" % (what, e))
+            self.assertIn(r.status, (200, 503), "%s probe %r" % (what, r))
+            if r.status == 503:
+                self.assertIsNotNone(r.header("Retry-After"), "%s probe %r" % (what, r))
+                if what != "healthz":
+                    self.assertEqual(r.json().get("code"), "store_unavailable", r)
+        for what, ts, tr, r, e in probes_down:
+            self.assertEqual(r.status, 503, "%s answered while the database was gone: %r"
+                             % (what, r))
+        self.assertGreater(self.acked_count(), acks_at_healthy, "nothing served after return")
+
+        # ---- nothing acknowledged is missing -----------------------------------------
+        with self.lock:
+            reqs = list(self.reqs)
+        for req in reqs:
+            self.assertIsNotNone(req.acked, "never acknowledged: %s %s" % (req.kind, req.key))
+        expected = {m.id: 0 for m in merchants}
+        pay_ids = set()
+        for req in reqs:
+            if req.kind == "notification":
+                expected[req.merchant.id] += req.amount
+            elif req.kind == "refund":
+                expected[req.merchant.id] -= req.amount
+            else:
+                pay_ids.add(req.acked.resp.json()["id"])
+        self.assertEqual(len(pay_ids), sum(1 for r in reqs if r.kind == "payment"),
+                         "two payment keys answered with one payment id")
+
+        # a retry of each acknowledged request replays byte for byte
+        for req in reqs:
+            first = req.acked.resp
+            if first.header("Idempotent-Replayed") is not None:
+                continue  # acknowledged by a replay: compared below through its id
+            again = req.send(srv)
+            self.assertEqual((again.status, again.header("Idempotent-Replayed"), again.body),
+                             (first.status, "true", first.body),
+                             "retry of acknowledged %s %s" % (req.kind, req.key))
+        for req in reqs:
+            if req.kind == "payment":
+                p = req.merchant.payment(req.acked.resp.json()["id"])
+                self.assertEqual(p["amount"], req.amount)
+                self.assertIn(p["status"], ("succeeded", "partially_refunded"), p)
+        for m in merchants:
+            self.assertEqual(m.balance("CNY"), expected[m.id], "balance of %s" % m.id)
+
+        ids = ",".join("'%s'" % m.id for m in merchants)
+        rows = {r[0] for r in self.db.sql("SELECT id FROM payments WHERE merchant_id IN (%s)"
+                                          % ids)}
+        self.assertEqual(rows, pay_ids, "payments in SQL != acknowledged payments")
+        self.assertEqual(int(self.db.scalar("SELECT count(*) FROM refunds")),
+                         sum(1 for r in reqs if r.kind == "refund"), "refunds in SQL")
+        bal = {r[0]: int(r[1]) for r in self.db.sql(
+            "SELECT merchant_id, amount FROM balances WHERE currency = 'CNY'")}
+        led = {r[0]: int(r[1]) for r in self.db.sql(
+            "SELECT merchant_id, SUM(amount) FROM ledger_entries WHERE currency = 'CNY'"
+            " GROUP BY merchant_id")}
+        self.assertEqual(bal, led, "balances differ from their ledger sums")
+        self.assertEqual(bal, {k: v for k, v in expected.items() if v or k in bal})
+
+        t_checked = self.now()
+        slowest = max(self.attempts, key=lambda a: a.t_recv - a.t_send)
+        n503 = sum(1 for a in self.attempts if a.resp is not None and a.resp.status == 503)
+        log = srv.log_text()
+        errline = next((ln for ln in log.splitlines() if "store failure" in ln), "")
+        sys.stderr.write("%s %s: %d logical requests, %d attempts, %d answered 503 (%d while "
+                         "gone), %d retries acknowledged by a replay; %d GET probes while "
+                         "gone; slowest answer %.1fs (%d, sent at %.1f); load %.1fs, checks %.1fs\n"
+                         "  e.g. %s\n"
+                         % (BACKEND, MODE, len(reqs), len(self.attempts), n503, len(in_window),
+                            replays_after_503, len(probes_down),
+                            slowest.t_recv - slowest.t_send, slowest.resp.status,
+                            slowest.t_send, t_last, t_checked - t_last,
+                            errline[:200]))
+        srv.stop_checked()
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
