@@ -426,6 +426,18 @@ class MyServer(_Private):
             self.proc.wait(10)
 
 
+def preflight(backend, private):
+    """Before unittest runs (a SystemExit inside a test is an error, not a
+    skip): skip or fail now when a needed binary is absent. private: the test
+    always starts its own server; else only when no shared URL is set."""
+    require_idemd()
+    if private or not os.environ.get(ENV_URL[backend]):
+        s = PgServer() if backend == "postgres" else MyServer()
+        if not s.available():
+            skip_or_fail("no %s server binaries" % ("PostgreSQL" if backend == "postgres"
+                                                    else "MariaDB"))
+
+
 def private_server(backend):
     """A started private server, or skip (exit 77) when its binaries are absent."""
     s = PgServer() if backend == "postgres" else MyServer()

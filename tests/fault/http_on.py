@@ -23,7 +23,7 @@ def main():
         sys.stderr.write("usage: http_on.py postgres|mariadb TEST_FILE [args]\n")
         return 2
     backend, test = sys.argv[1], sys.argv[2]
-    dbserver.require_idemd()
+    dbserver.preflight(backend, private=False)
     with dbserver.server_for(backend) as admin:
         db = dbserver.Database(admin, "h")
         sys.stderr.write("%s on %s database %s\n" % (os.path.basename(test), backend, db.name))

@@ -389,4 +389,5 @@ class DbOutage(unittest.TestCase):
 
 
 if __name__ == "__main__":
+    dbserver.preflight(BACKEND, private=True)
     unittest.main(verbosity=2)

@@ -85,16 +85,19 @@ class TwoIdemd(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
+        bad = []
         try:
             for s in cls.servers:
                 rc = s.stop()
                 if rc != 0:
-                    sys.stderr.write("idemd exited %r\n%s\n" % (rc, s.log_tail()))
+                    bad.append("idemd did not exit 0 on SIGTERM (rc=%r)\n%s" % (rc, s.log_tail()))
                 s.cleanup()
             if cls.db is not None:
                 cls.db.drop()
         finally:
             cls.srv.__exit__(None, None, None)
+        if bad:
+            raise AssertionError("\n".join(bad))
 
     # -- checks ---------------------------------------------------------------
 
@@ -318,4 +321,5 @@ class TwoIdemd(unittest.TestCase):
 
 
 if __name__ == "__main__":
+    dbserver.preflight(BACKEND, private=False)
     unittest.main(verbosity=2)
