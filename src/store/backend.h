@@ -121,6 +121,18 @@ typedef struct {
 
 extern const idem__backend_ops idem__sqlite_ops;
 
+/*
+ * The record writes every backend shares (records.c): plain conditional SQL
+ * on top of the backend's txn_exec. Backends point their ops at these.
+ */
+int idem__rec_takeover(idem_txn *txn, int64_t id, int64_t version, const idem__record *rec,
+		       int *changed);
+int idem__rec_complete(idem_txn *txn, int64_t id, const char *owner, idem__status st,
+		       int http_status, const unsigned char *body, size_t len, int *changed);
+int idem__rec_extend(idem_txn *txn, int64_t id, const char *owner, int64_t lease_until,
+		     int *changed);
+int idem__rec_delete_owned(idem_txn *txn, int64_t id, const char *owner, int *changed);
+
 /* Note a store error of code in the store's metrics (called by core on failures). */
 void idem__store_count_error(idem_store *store, int code);
 

@@ -1187,67 +1187,6 @@ static int pg_rec_insert(idem_txn *txn, const idem__key *k, idem__record *rec)
 	return 0;
 }
 
-static int changed_one(conn *c, const char *sql, const idem_value *p, int n, int *changed)
-{
-	int64_t ch = 0;
-	int rc = run(c, sql, p, n, NULL, NULL, &ch, CTX_PLAIN);
-
-	*changed = rc == 0 && ch == 1;
-	return rc;
-}
-
-static int pg_rec_takeover(idem_txn *txn, int64_t id, int64_t version, const idem__record *rec,
-			   int *changed)
-{
-	static const char sql[] =
-		"UPDATE idem_records SET version = version + 1, status = 'PROCESSING',"
-		" fingerprint = ?, owner = ?, http_status = NULL, response = NULL,"
-		" lease_until = ?, created_at = ?, expires_at = ?, completed_at = NULL"
-		" WHERE id = ? AND version = ?";
-	idem_value p[7] = {IDEM_V_TEXT(rec->fingerprint), IDEM_V_TEXT(rec->owner),
-			   IDEM_V_INT(rec->lease_until),  IDEM_V_INT(rec->created_at),
-			   IDEM_V_INT(rec->expires_at),   IDEM_V_INT(id),
-			   IDEM_V_INT(version)};
-
-	return changed_one(conn_of(txn), sql, p, 7, changed);
-}
-
-static int pg_rec_complete(idem_txn *txn, int64_t id, const char *owner, idem__status st,
-			   int http_status, const unsigned char *body, size_t len, int *changed)
-{
-	static const char sql[] =
-		"UPDATE idem_records SET version = version + 1, status = ?, http_status = ?,"
-		" response = ?, owner = NULL, lease_until = NULL, completed_at = ?"
-		" WHERE id = ? AND owner = ? AND status = 'PROCESSING'";
-	idem_value p[6] = {IDEM_V_TEXT(idem__status_name(st)),
-			   IDEM_V_INT(http_status),
-			   IDEM_V_BLOB(body, len),
-			   IDEM_V_INT(idem_store_now(txn->store)),
-			   IDEM_V_INT(id),
-			   IDEM_V_TEXT(owner)};
-
-	return changed_one(conn_of(txn), sql, p, 6, changed);
-}
-
-static int pg_rec_extend(idem_txn *txn, int64_t id, const char *owner, int64_t lease_until,
-			 int *changed)
-{
-	static const char sql[] = "UPDATE idem_records SET lease_until = ?"
-				  " WHERE id = ? AND owner = ? AND status = 'PROCESSING'";
-	idem_value p[3] = {IDEM_V_INT(lease_until), IDEM_V_INT(id), IDEM_V_TEXT(owner)};
-
-	return changed_one(conn_of(txn), sql, p, 3, changed);
-}
-
-static int pg_rec_delete_owned(idem_txn *txn, int64_t id, const char *owner, int *changed)
-{
-	static const char sql[] =
-		"DELETE FROM idem_records WHERE id = ? AND owner = ? AND status = 'PROCESSING'";
-	idem_value p[2] = {IDEM_V_INT(id), IDEM_V_TEXT(owner)};
-
-	return changed_one(conn_of(txn), sql, p, 2, changed);
-}
-
 /* One batch through the expires_at index; a live lease is never purged. */
 static int pg_purge_batch(idem__backend *be, int64_t now, int batch, int64_t *deleted)
 {
@@ -1348,10 +1287,10 @@ const idem__backend_ops idem__postgres_ops = {
 	.rollback_to = pg_rollback_to,
 	.rec_insert = pg_rec_insert,
 	.rec_get = pg_rec_get,
-	.rec_takeover = pg_rec_takeover,
-	.rec_complete = pg_rec_complete,
-	.rec_extend = pg_rec_extend,
-	.rec_delete_owned = pg_rec_delete_owned,
+	.rec_takeover = idem__rec_takeover,
+	.rec_complete = idem__rec_complete,
+	.rec_extend = idem__rec_extend,
+	.rec_delete_owned = idem__rec_delete_owned,
 	.rec_read = pg_rec_read,
 	.purge_batch = pg_purge_batch,
 	.txn_exec = pg_txn_exec,
