@@ -43,7 +43,8 @@ static void usage(FILE *f)
 int cli_open_opts(const cli_globals *g, const idem_store_opts *opts, idem_store **store,
 		  idem_pay **pay)
 {
-	int rc;
+	idem_store_opts o = IDEM_STORE_OPTS_INIT;
+	int rc, version = 0;
 
 	*store = NULL;
 	*pay = NULL;
@@ -51,8 +52,23 @@ int cli_open_opts(const cli_globals *g, const idem_store_opts *opts, idem_store 
 		fprintf(stderr, "idemctl: no database: give --db URL or set IDEM_DB\n");
 		return EXIT_USAGE;
 	}
-	if ((rc = idem_store_open(store, g->db, opts)) < 0)
+	if (opts)
+		o = *opts;
+	/* Migrating takes the write lock (SQLite: BEGIN IMMEDIATE) even when
+	 * there is nothing to do: only when the schema is behind, so that an
+	 * operator's read never queues behind idemd's writers. */
+	int migrate = o.migrate;
+
+	o.migrate = 0;
+	if ((rc = idem_store_open(store, g->db, &o)) < 0)
 		return cli_fail("cannot open store", rc);
+	if (migrate && ((rc = idem_store_schema_version(*store, &version)) < 0 ||
+			(version < idem_store_schema_latest(*store) &&
+			 (rc = idem_store_migrate(*store, NULL)) < 0))) {
+		idem_store_close(*store);
+		*store = NULL;
+		return cli_fail("cannot migrate the store", rc);
+	}
 	if ((rc = idem_pay_open(pay, *store, NULL)) < 0) {
 		idem_store_close(*store);
 		*store = NULL;

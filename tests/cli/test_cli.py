@@ -395,26 +395,47 @@ class TestPurge(CliTest):
 
     def test_purge_spares_processing_records_under_a_live_lease(self):
         # Two-phase payments (slow mock channel) whose records expire (1 s)
-        # long before their lease (30 s) and the channel's answer (2.5 s).
-        srv = self.server("--idempotency-ttl", "1s", "--mock-channel-delay-ms", "2500")
+        # long before their lease (30 s) and the channel's answer (6 s).
+        srv = self.server("--idempotency-ttl", "1s", "--mock-channel-delay-ms", "6000")
         srv.ensure_channel("mock")
-        m = self.merchant(srv)
+        # Two requests, from two merchants: a two-phase request holds an
+        # idemd thread (and, on the server stores, a writer) while it waits.
+        ms = [self.merchant(srv) for _ in range(2)]
+        keys = [uid("P") for _ in ms]
         results = []
 
-        def pay():
+        def pay(m, key):
             body = m.payment_body(channel="mock")
-            results.append((body, m.post("/v1/payments", body, key=uid("P"))))
+            results.append((m, body, m.post("/v1/payments", body, key=key)))
 
-        threads = [threading.Thread(target=pay) for _ in range(8)]
+        threads = [threading.Thread(target=pay, args=a) for a in zip(ms, keys)]
         for t in threads:
             t.start()
-        time.sleep(1.5)
+        # Wait until every record is committed PROCESSING and has expired.
+        deadline = time.monotonic() + 5
+        while True:
+            recs = [self.ctl("inspect", m.id, "payment", k, "--json") for m, k in zip(ms, keys)]
+            if all(r.rc == 0 for r in recs) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        for r in recs:
+            self.assertEqual(r.rc, 0, r)
+            self.assertEqual(r.json()["status"], "PROCESSING", r)
+        last_expiry = max(harness.parse_time(r.json()["expires_at"]) for r in recs)
+        while harness.parse_time(
+                time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())) <= last_expiry:
+            time.sleep(0.2)
+        time.sleep(1)
         self.assertEqual(self.ok("purge", "--dry-run", "--json").json()["would_delete"], 0)
         d = self.ok("purge", "--batch", "1", "--json").json()
         self.assertEqual(d["deleted"], 0)
+        for m, k in zip(ms, keys):
+            self.assertEqual(self.ok("inspect", m.id, "payment", k, "--json").json()["status"],
+                             "PROCESSING")
         for t in threads:
             t.join()
-        for body, r in results:
+        self.assertEqual(len(results), 2)
+        for m, body, r in results:
             self.assertEqual(r.status, 201, r)
             got = m.get("/v1/payments?merchant_order_no=" + body["merchant_order_no"])
             self.assertEqual(got.status, 200, got)
