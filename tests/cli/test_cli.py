@@ -395,8 +395,8 @@ class TestPurge(CliTest):
 
     def test_purge_spares_processing_records_under_a_live_lease(self):
         # Two-phase payments (slow mock channel) whose records expire (1 s)
-        # long before their lease (30 s) and the channel's answer (6 s).
-        srv = self.server("--idempotency-ttl", "1s", "--mock-channel-delay-ms", "6000")
+        # long before their lease (30 s) and the channel's answer (15 s).
+        srv = self.server("--idempotency-ttl", "1s", "--mock-channel-delay-ms", "15000")
         srv.ensure_channel("mock")
         # Two requests, from two merchants: a two-phase request holds an
         # idemd thread (and, on the server stores, a writer) while it waits.
@@ -412,7 +412,7 @@ class TestPurge(CliTest):
         for t in threads:
             t.start()
         # Wait until every record is committed PROCESSING and has expired.
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 10
         while True:
             recs = [self.ctl("inspect", m.id, "payment", k, "--json") for m, k in zip(ms, keys)]
             if all(r.rc == 0 for r in recs) or time.monotonic() > deadline:
