@@ -18,6 +18,8 @@ struct idem_pay {
 	idem_pay_opts opts;
 	pay__authcache *auth; /* NULL: every request reads the key from the store */
 	pthread_mutex_t channels_lock;
+	pthread_cond_t idle;  /* signalled when two_phase drops to 0 */
+	int two_phase;        /* two-phase requests running on threads of their own */
 	int nchannels;        /* channels known to exist (they are never removed) */
 	char channels[64][IDEM_PAY_CHANNEL_MAX + 1];
 };
@@ -117,6 +119,8 @@ typedef struct {
 	idem_result res; /* an answer given before any claim */
 	idem_done_fn done;
 	void *done_ctx;
+	idem_work_fn work;                  /* two phases: run on a thread of its own */
+	void (*before_work)(idem_pay *pay);
 } pay__op;
 
 /* A new op for rq, or NULL after calling done with IDEM_ENOMEM. */

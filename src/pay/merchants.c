@@ -40,6 +40,7 @@ int idem_pay_open(idem_pay **out, idem_store *store, const idem_pay_opts *opts)
 	pay->opts = *opts;
 	pay->auth = pay__authcache_new(); /* without it, every request reads the store */
 	pthread_mutex_init(&pay->channels_lock, NULL);
+	pthread_cond_init(&pay->idle, NULL);
 	/* Channels retry callbacks for more than a day (DESIGN.md §7). */
 	if (pay->opts.notification_ttl_ms < 72LL * 3600 * 1000)
 		pay->opts.notification_ttl_ms = 72LL * 3600 * 1000;
@@ -53,7 +54,13 @@ void idem_pay_close(idem_pay *pay)
 {
 	if (!pay)
 		return;
+	/* Two-phase requests hold the store: let them answer first. */
+	pthread_mutex_lock(&pay->channels_lock);
+	while (pay->two_phase > 0)
+		pthread_cond_wait(&pay->idle, &pay->channels_lock);
+	pthread_mutex_unlock(&pay->channels_lock);
 	pay__authcache_free(pay->auth);
+	pthread_cond_destroy(&pay->idle);
 	pthread_mutex_destroy(&pay->channels_lock);
 	free(pay);
 }

@@ -4,6 +4,7 @@
  * (queued for group commit, answered after the COMMIT) or in two phases.
  * Duplicates get their answers here; errors stay errors.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -79,13 +80,37 @@ static void on_done(void *ctx, int rc, idem_result *res)
 	pay__finish(op, rc);
 }
 
+static void *two_phase_main(void *arg)
+{
+	pay__op *op = arg;
+	idem_pay *pay = op->pay;
+	idem_claim *claim = NULL;
+	idem_result res = {0};
+	int rc;
+
+	if ((rc = idem_claim_begin(&claim, &res, op->pay->store, &op->req)) == 0 && claim) {
+		idem_result_clear(&res);
+		op->before_work(op->pay);
+		rc = idem_claim_finish(&res, claim, op->work, op);
+		if (rc < 0 && rc != IDEM_ELEASE)
+			idem_claim_abort(claim); /* best effort; else the lease runs out */
+		if (rc == IDEM_ELEASE) /* someone took over and will answer: ask to retry */
+			rc = idem__error(IDEM_ERETRY, "lease lost while calling the channel");
+		idem_claim_free(claim);
+	}
+	on_done(op, rc, &res); /* frees op */
+	idem_result_clear(&res);
+	pthread_mutex_lock(&pay->channels_lock);
+	if (--pay->two_phase == 0)
+		pthread_cond_broadcast(&pay->idle);
+	pthread_mutex_unlock(&pay->channels_lock);
+	return NULL;
+}
+
 void pay__start(pay__op *op, const char *type, const char *natural, int64_t ttl_ms,
                 idem_work_fn work, void (*before_work)(idem_pay *pay), int backstop)
 {
 	const idem_pay_request *rq = op->rq;
-	idem_claim *claim = NULL;
-	idem_result res = {0};
-	int rc;
 
 	op->backstop = backstop;
 	op->req = (idem_request)IDEM_REQUEST_INIT;
@@ -99,20 +124,31 @@ void pay__start(pay__op *op, const char *type, const char *natural, int64_t ttl_
 		idem_execute_async(op->pay->store, &op->req, work, op, on_done, op);
 		return;
 	}
-	/* Two phases: the claim commits PROCESSING, the channel is called with no
-	 * transaction open, and the work lands with the completion. */
-	if ((rc = idem_claim_begin(&claim, &res, op->pay->store, &op->req)) == 0 && claim) {
-		idem_result_clear(&res);
-		before_work(op->pay);
-		rc = idem_claim_finish(&res, claim, work, op);
-		if (rc < 0 && rc != IDEM_ELEASE)
-			idem_claim_abort(claim); /* best effort; else the lease runs out */
-		if (rc == IDEM_ELEASE) /* someone took over and will answer: ask to retry */
-			rc = idem__error(IDEM_ERETRY, "lease lost while calling the channel");
-		idem_claim_free(claim);
+	/*
+	 * Two phases: the claim commits PROCESSING, the channel is called with no
+	 * transaction open, and the work lands with the completion. The channel
+	 * may take seconds, so this runs on a thread of its own: blocking the
+	 * caller's (an HTTP server thread) would stall every other connection
+	 * that thread serves.
+	 */
+	op->work = work;
+	op->before_work = before_work;
+	pthread_mutex_lock(&op->pay->channels_lock);
+	op->pay->two_phase++;
+	pthread_mutex_unlock(&op->pay->channels_lock);
+	{
+		pthread_t th;
+		pthread_attr_t attr;
+		int started;
+
+		pthread_attr_init(&attr);
+		pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+		started = pthread_create(&th, &attr, two_phase_main, op) == 0;
+		pthread_attr_destroy(&attr);
+		if (started)
+			return;
 	}
-	on_done(op, rc, &res);
-	idem_result_clear(&res);
+	two_phase_main(op); /* no thread to be had: do it here */
 }
 
 int pay__wait(idem_result *out, idem_pay *pay, const idem_pay_request *rq, pay__async_fn fn)

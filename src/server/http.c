@@ -189,8 +189,8 @@ static void request_id(char out[17])
 
 	pthread_once(&once, init_prefix);
 	n = atomic_fetch_add_explicit(&counter, 1, memory_order_relaxed);
-	snprintf(out, 17, "%02x%02x%02x%02x%08x", id_prefix[0], id_prefix[1], id_prefix[2], id_prefix[3],
-		 (unsigned)n);
+	snprintf(out, 17, "%02x%02x%02x%02x%08x", id_prefix[0], id_prefix[1], id_prefix[2],
+	         id_prefix[3], (unsigned)n);
 }
 
 static enum MHD_Result send_answer(http_req *r, http_answer *a)
@@ -447,14 +447,21 @@ int http_port(http_server *h)
 	return info ? info->port : 0;
 }
 
-void http_stop(http_server *h, int grace_ms)
+int http_stop(http_server *h, int grace_ms)
 {
+	int left;
+
 	if (!h)
-		return;
+		return 0;
 	/* Stop accepting; requests already in flight finish and are answered. */
 	MHD_quiesce_daemon(h->daemon);
 	for (int waited = 0; atomic_load(&h->active) > 0 && waited < grace_ms; waited += 10)
 		nanosleep(&(struct timespec){0, 10000000}, NULL);
+	/* A request still suspended belongs to a writer or channel thread that
+	 * will resume it: stopping the daemon under it is not allowed. */
+	if ((left = atomic_load(&h->active)) > 0)
+		return left;
 	MHD_stop_daemon(h->daemon);
 	free(h);
+	return 0;
 }

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "idem/admin.h"
 #include "server/server.h"
@@ -313,7 +314,15 @@ int main(int argc, char **argv)
 	if (sigwait(&sigs, &sig) != 0)
 		sig = 0;
 	log_msg("info", "signal %d: finishing in-flight requests", sig);
-	http_stop(http, 10000);
+	/* Store calls are bounded (busy timeout, then the connection is given up),
+	 * so in-flight requests end well within this. */
+	if ((rc = http_stop(http, 60000)) > 0) {
+		log_msg("error",
+		        "%d request(s) still in flight after 60 s; exiting without "
+		        "cleanup (nothing unanswered was acknowledged)",
+		        rc);
+		_exit(1);
+	}
 	http = NULL;
 	exit_code = 0;
 done:

@@ -122,6 +122,8 @@ int http_start(http_server **out, server_state *s, char *err, size_t errlen);
 /* The port actually bound (for --listen with port 0). */
 int http_port(http_server *h);
 /* Stop accepting, let in-flight requests finish (up to grace_ms), stop. */
-void http_stop(http_server *h, int grace_ms);
+/* Returns the number of requests still in flight after grace_ms (then the
+ * daemon is left running: the caller must exit without cleaning up). */
+int http_stop(http_server *h, int grace_ms);
 
 #endif
