@@ -128,6 +128,14 @@ IDEM_EXTERN int idem_stats_read(idem_stats_report *out, idem_store *store, int64
 
 IDEM_EXTERN void idem_stats_report_clear(idem_stats_report *r);
 
+/*
+ * Delete flushed counters whose interval ended more than keep_ms ago, so
+ * the stats table does not grow for ever (idemctl purge calls it).
+ * deleted_out (may be NULL) receives the number of rows deleted.
+ * Returns 0, IDEM_EINVAL (keep_ms <= 0), a store error.
+ */
+IDEM_EXTERN int idem_stats_prune(idem_store *store, int64_t keep_ms, int64_t *deleted_out);
+
 /* ---- reconciliation import ------------------------------------------- */
 
 /* The longest physical line of a reconciliation file, in bytes. */

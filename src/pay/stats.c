@@ -45,8 +45,8 @@ struct idem_stats_flusher {
 	pthread_mutex_t lock; /* flushes, stop */
 	pthread_cond_t cond;
 	int stop;
-	snapshot base;        /* what the committed flushes covered */
-	int64_t base_at;      /* when the last committed interval ended */
+	snapshot base;   /* what the committed flushes covered */
+	int64_t base_at; /* when the last committed interval ended */
 };
 
 static const char *outcome_label(int o)
@@ -352,4 +352,33 @@ void idem_stats_report_clear(idem_stats_report *r)
 		return;
 	free(r->types);
 	memset(r, 0, sizeof(*r));
+}
+
+typedef struct {
+	int64_t before;
+	int64_t deleted;
+} prune_ctx;
+
+static int prune(idem_txn *txn, void *arg)
+{
+	prune_ctx *c = arg;
+	idem_value p[1] = {IDEM_V_INT(c->before)};
+
+	return idem_txn_exec(txn, "DELETE FROM idem_stats WHERE interval_end < ?", p, 1,
+	                     &c->deleted);
+}
+
+int idem_stats_prune(idem_store *store, int64_t keep_ms, int64_t *deleted_out)
+{
+	prune_ctx c = {0, 0};
+	int rc;
+
+	if (deleted_out)
+		*deleted_out = 0;
+	if (keep_ms <= 0)
+		return idem__error(IDEM_EINVAL, "stats retention must be positive");
+	c.before = idem_store_now(store) - keep_ms;
+	if ((rc = idem_store_transact(store, prune, &c)) == 0 && deleted_out)
+		*deleted_out = c.deleted;
+	return rc;
 }

@@ -45,11 +45,10 @@ static int teardown(void **state)
 	return 0;
 }
 
-static const char csv[] =
-	IDEM_RECON_HEADER "\n"
-	"T-1,m_1,O-1,100,CNY,SUCCESS,2026-10-01T10:00:00Z\n"
-	"T-2,m_1,O-2,200,CNY,FAILED,2026-10-01T10:00:00Z\n"
-	"T-3,m_1,O-3,300,CNY,SUCCESS,2026-10-01T10:00:00Z\n";
+static const char csv[] = IDEM_RECON_HEADER "\n"
+                                            "T-1,m_1,O-1,100,CNY,SUCCESS,2026-10-01T10:00:00Z\n"
+                                            "T-2,m_1,O-2,200,CNY,FAILED,2026-10-01T10:00:00Z\n"
+                                            "T-3,m_1,O-3,300,CNY,SUCCESS,2026-10-01T10:00:00Z\n";
 
 static void import(fixture *f, idem_recon_report *rep)
 {
@@ -166,13 +165,41 @@ static void test_flusher_writes_deltas(void **state)
 	idem_stats_flusher_stop(NULL);
 }
 
+/* Counters past their retention are deleted; recent ones stay. */
+static void test_stats_prune(void **state)
+{
+	fixture *f = *state;
+	idem_stats_flusher_opts o = IDEM_STATS_FLUSHER_OPTS_INIT;
+	idem_stats_flusher *fl = NULL;
+	idem_stats_report r;
+	int64_t deleted = -1;
+
+	o.interval_ms = 3600000;
+	assert_int_equal(idem_stats_flusher_start(&fl, f->store, &o), 0);
+	claim(f, "payment", "old");
+	test_clock_advance(&f->clock, 1000);
+	assert_int_equal(idem_stats_flusher_flush(fl), 0);
+	test_clock_advance(&f->clock, 10LL * 86400 * 1000); /* ten days on */
+	claim(f, "payment", "new");
+	test_clock_advance(&f->clock, 1000);
+	assert_int_equal(idem_stats_flusher_flush(fl), 0);
+	idem_stats_flusher_stop(fl);
+	assert_int_equal(idem_stats_prune(f->store, 7LL * 86400 * 1000, &deleted), 0);
+	assert_int_equal(deleted, 1);
+	assert_int_equal(idem_stats_read(&r, f->store, 30LL * 86400 * 1000), 0);
+	assert_int_equal(r.requests, 1); /* only the recent interval is left */
+	idem_stats_report_clear(&r);
+	assert_int_equal(idem_stats_prune(f->store, 0, NULL), IDEM_EINVAL);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_recorded_rows_survive_purged_records, setup,
-						teardown),
-		cmocka_unit_test_setup_teardown(test_unknown_channel_and_bad_opts, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_flusher_writes_deltas, setup, teardown),
+	    cmocka_unit_test_setup_teardown(test_recorded_rows_survive_purged_records, setup,
+	                                    teardown),
+	    cmocka_unit_test_setup_teardown(test_unknown_channel_and_bad_opts, setup, teardown),
+	    cmocka_unit_test_setup_teardown(test_flusher_writes_deltas, setup, teardown),
+	    cmocka_unit_test_setup_teardown(test_stats_prune, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
