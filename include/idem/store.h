@@ -39,6 +39,8 @@ typedef struct {
 	int batch_max;              /* default 1 (off) */
 	int batch_wait_us;          /* extra wait for a fuller batch (default 0: take what is queued) */
 	int writers;                /* writer threads (default 1; SQLite always uses 1) */
+	int queue_timeout_ms;       /* a unit queued longer is answered IDEM_EUNAVAIL unrun
+	                               (default 0: no limit) */
 	/* Front cache of completed responses; 0 in either turns it off. */
 	size_t cache_bytes;         /* default 0 */
 	size_t cache_entries;       /* default 0 */
@@ -46,7 +48,7 @@ typedef struct {
 
 #define IDEM_STORE_OPTS_INIT                                                     \
 	{ IDEM_STORE_OPTS_VERSION, 1, 1, 5000, 4, 8, 24LL * 3600 * 1000, 30LL * 1000, \
-	  NULL, NULL, 1, 0, 1, 0, 0 }
+	  NULL, NULL, 1, 0, 1, 0, 0, 0 }
 
 /*
  * Open the store named by url:

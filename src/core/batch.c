@@ -28,6 +28,7 @@
 #include <time.h>
 
 #include "core/claim_internal.h"
+#include "util/clock.h"
 #include "util/error.h"
 #include "util/rand.h"
 
@@ -42,7 +43,8 @@ typedef struct unit {
 	void *done_ctx;
 	idem_result res;
 	int rc;
-	idem_error err; /* the detail of rc, taken on the writer thread */
+	idem_error err;    /* the detail of rc, taken on the writer thread */
+	int64_t queued_us; /* monotonic time it was queued */
 } unit;
 
 typedef struct {
@@ -139,6 +141,39 @@ finish:
 	}
 }
 
+/*
+ * Units that waited in the queue longer than opts.queue_timeout_ms are
+ * answered IDEM_EUNAVAIL without running (nothing of them is written, so a
+ * retry runs afresh). When the store hangs, each batch waits out its
+ * timeout; without this, everything queued behind it would then wait for
+ * its own batch in turn, and answers would come minutes late instead of as
+ * a prompt 503. Returns how many units are left to run, compacted.
+ */
+static int shed_stale(idem_store *s, unit **units, int n)
+{
+	int64_t limit = (int64_t)s->opts.queue_timeout_ms * 1000, now;
+	int kept = 0;
+
+	if (limit <= 0)
+		return n;
+	now = idem__clock_monotonic_us();
+	for (int i = 0; i < n; i++) {
+		unit *u = units[i];
+
+		if (now - u->queued_us <= limit) {
+			units[kept++] = u;
+			continue;
+		}
+		u->rc = idem__error(
+		    IDEM_EUNAVAIL, "waited %lld ms for the store's writer (queue timeout %d ms)",
+		    (long long)((now - u->queued_us) / 1000), s->opts.queue_timeout_ms);
+		u->err = *idem_error_last();
+		idem__store_count_error(s, u->rc);
+		deliver(s, u);
+	}
+	return kept;
+}
+
 static void *writer_main(void *arg)
 {
 	writer *w = arg;
@@ -181,7 +216,9 @@ static void *writer_main(void *arg)
 		if (!w->head)
 			w->tail = NULL;
 		pthread_mutex_unlock(&w->lock);
-		run_batch(s, units, n);
+		n = shed_stale(s, units, n);
+		if (n > 0)
+			run_batch(s, units, n);
 	}
 	if (units != one)
 		free(units);
@@ -283,6 +320,7 @@ void idem_execute_async(idem_store *store, const idem_request *req, idem_work_fn
 	u->ctx = ctx;
 	u->done = done;
 	u->done_ctx = done_ctx;
+	u->queued_us = idem__clock_monotonic_us();
 	w = &store->batch->w[scope_hash(req->scope) % (unsigned)store->batch->nwriters];
 	pthread_mutex_lock(&w->lock);
 	if (w->tail)

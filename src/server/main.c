@@ -44,6 +44,8 @@ static void usage(FILE *f)
 	    "(0)\n"
 	    "  --writers K               writer connections, PostgreSQL/MariaDB [IDEM_WRITERS] "
 	    "(4)\n"
+	    "  --queue-timeout-ms MS     a write queued longer is answered 503 unrun\n"
+	    "                            [IDEM_QUEUE_TIMEOUT_MS] (5000; 0 = no limit)\n"
 	    "  --cache-mb MB             front cache of completed answers, 0 = off [IDEM_CACHE_MB] "
 	    "(64)\n"
 	    "  --cache-entries N         front cache entry cap [IDEM_CACHE_ENTRIES] (200000)\n"
@@ -110,6 +112,7 @@ typedef enum {
 	OPT_BATCH_MAX,
 	OPT_BATCH_WAIT,
 	OPT_WRITERS,
+	OPT_QUEUE_TIMEOUT,
 	OPT_CACHE_MB,
 	OPT_CACHE_ENTRIES,
 } opt_id;
@@ -130,6 +133,7 @@ static const struct {
     {OPT_BATCH_MAX, "IDEM_BATCH_MAX"},
     {OPT_BATCH_WAIT, "IDEM_BATCH_WAIT_US"},
     {OPT_WRITERS, "IDEM_WRITERS"},
+    {OPT_QUEUE_TIMEOUT, "IDEM_QUEUE_TIMEOUT_MS"},
     {OPT_CACHE_MB, "IDEM_CACHE_MB"},
     {OPT_CACHE_ENTRIES, "IDEM_CACHE_ENTRIES"},
 };
@@ -167,6 +171,7 @@ static int apply(server_config *c, opt_id id, const char *v, const char *from)
 	case OPT_BATCH_MAX: bad = parse_int(v, 1, 10000, &c->batch_max); break;
 	case OPT_BATCH_WAIT: bad = parse_int(v, 0, 1000000, &c->batch_wait_us); break;
 	case OPT_WRITERS: bad = parse_int(v, 1, 64, &c->writers); break;
+	case OPT_QUEUE_TIMEOUT: bad = parse_int(v, 0, 600000, &c->queue_timeout_ms); break;
 	case OPT_CACHE_MB: bad = parse_int(v, 0, 65536, &c->cache_mb); break;
 	case OPT_CACHE_ENTRIES: bad = parse_int(v, 0, 100000000, &c->cache_entries); break;
 	}
@@ -190,6 +195,7 @@ static int configure(server_config *c, int argc, char **argv)
 	    {"batch-max", required_argument, NULL, OPT_BATCH_MAX},
 	    {"batch-wait-us", required_argument, NULL, OPT_BATCH_WAIT},
 	    {"writers", required_argument, NULL, OPT_WRITERS},
+	    {"queue-timeout-ms", required_argument, NULL, OPT_QUEUE_TIMEOUT},
 	    {"cache-mb", required_argument, NULL, OPT_CACHE_MB},
 	    {"cache-entries", required_argument, NULL, OPT_CACHE_ENTRIES},
 	    {"help", no_argument, NULL, 'h'},
@@ -212,6 +218,7 @@ static int configure(server_config *c, int argc, char **argv)
 	c->batch_max = 64;
 	c->batch_wait_us = 0;
 	c->writers = 4;
+	c->queue_timeout_ms = 5000;
 	c->cache_mb = 64;
 	c->cache_entries = 200000;
 	/* The environment first, so flags override it. */
@@ -282,6 +289,7 @@ int main(int argc, char **argv)
 	so.batch_max = cfg.batch_max;
 	so.batch_wait_us = cfg.batch_wait_us;
 	so.writers = cfg.writers;
+	so.queue_timeout_ms = cfg.queue_timeout_ms;
 	so.cache_bytes = (size_t)cfg.cache_mb << 20;
 	so.cache_entries = (size_t)cfg.cache_entries;
 	so.default_ttl_ms = cfg.ttl_ms;

@@ -31,6 +31,7 @@ typedef struct {
 	int batch_max;
 	int batch_wait_us;
 	int writers;
+	int queue_timeout_ms;
 	int cache_mb;
 	int cache_entries;
 } server_config;

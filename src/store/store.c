@@ -72,7 +72,8 @@ static int check_opts(const idem_store_opts *o)
 	if (o->busy_timeout_ms < 0 || o->read_connections < 0 || o->read_connections > 64 ||
 	    o->max_retries < 0 || o->max_retries > 100 || o->default_ttl_ms <= 0 ||
 	    o->default_lease_ms <= 0 || o->batch_max < 0 || o->batch_max > 10000 ||
-	    o->batch_wait_us < 0 || o->batch_wait_us > 1000000 || o->writers < 1 || o->writers > 64)
+	    o->batch_wait_us < 0 || o->batch_wait_us > 1000000 || o->writers < 1 ||
+	    o->queue_timeout_ms < 0 || o->writers > 64)
 		return idem__error(IDEM_EINVAL, "idem_store_opts out of range");
 	return 0;
 }

@@ -5,6 +5,7 @@
  * queue with every answer delivered.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -245,15 +246,87 @@ static void close_drains(void **state)
 	}
 }
 
+static _Atomic int slow_started;
+
+static int slow_work(idem_txn *txn, void *ctx, idem_response *resp)
+{
+	struct timespec ts = {0, 400 * 1000000L};
+
+	atomic_store(&slow_started, 1);
+	nanosleep(&ts, NULL); /* the store is slow: the writer is held */
+	return work(txn, ctx, resp);
+}
+
+static void submit(fixture *f, job *j, const char *key, idem_work_fn fn)
+{
+	idem_request r = IDEM_REQUEST_INIT;
+
+	idem_result_clear(&j->res);
+	j->scope = f->scope;
+	snprintf(j->key, sizeof(j->key), "%s", key);
+	j->sql = NULL;
+	j->done = 0;
+	j->lock = &f->lock;
+	j->cond = &f->cond;
+	r.scope = f->scope;
+	r.business_type = "payment";
+	r.key = j->key;
+	r.key_len = strlen(j->key);
+	r.fingerprint = f->fp;
+	idem_execute_async(f->store, &r, fn, j, on_done, j);
+}
+
+/*
+ * Units that waited in the queue longer than queue_timeout_ms behind a slow
+ * batch are answered IDEM_EUNAVAIL without running, and a retry runs afresh.
+ */
+static void queue_timeout_sheds_stale_units(void **state)
+{
+	fixture *f = *state;
+	idem_store_opts opts = IDEM_STORE_OPTS_INIT;
+	struct timespec tick = {0, 1000000L};
+
+	idem_store_close(f->store);
+	opts.batch_max = 64;
+	opts.queue_timeout_ms = 100;
+	assert_int_equal(idem_store_open(&f->store, f->url, &opts), 0);
+	atomic_store(&slow_started, 0);
+	submit(f, &f->jobs[0], "SLOW", slow_work);
+	while (!atomic_load(&slow_started)) /* the writer has taken SLOW alone */
+		nanosleep(&tick, NULL);
+	submit(f, &f->jobs[1], "Q1", work);
+	submit(f, &f->jobs[2], "Q2", work);
+	pthread_mutex_lock(&f->lock);
+	for (int i = 0; i < 3; i++)
+		while (!f->jobs[i].done)
+			pthread_cond_wait(&f->cond, &f->lock);
+	pthread_mutex_unlock(&f->lock);
+	assert_int_equal(f->jobs[0].rc, 0);
+	assert_int_equal(f->jobs[0].res.outcome, IDEM_FIRST);
+	for (int i = 1; i < 3; i++) {
+		assert_int_equal(f->jobs[i].rc, IDEM_EUNAVAIL);
+		assert_false(record_exists(f, f->jobs[i].key));
+		assert_int_equal(test_work_count(f->store, f->scope, f->jobs[i].key), 0);
+	}
+	assert_true(idem_metrics_store_errors(f->store, IDEM_ECLASS_UNAVAILABLE) >= 2);
+	/* Nothing was taken: the retry runs. */
+	submit(f, &f->jobs[1], "Q1", work);
+	pthread_mutex_lock(&f->lock);
+	while (!f->jobs[1].done)
+		pthread_cond_wait(&f->cond, &f->lock);
+	pthread_mutex_unlock(&f->lock);
+	assert_int_equal(f->jobs[1].rc, 0);
+	assert_int_equal(f->jobs[1].res.outcome, IDEM_FIRST);
+}
+
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
 
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    T(failing_unit_rolls_back_alone),
-	    T(failed_commit_acknowledges_none),
-	    T(duplicates_in_one_batch),
-	    T(close_drains),
+	    T(failing_unit_rolls_back_alone),   T(failed_commit_acknowledges_none),
+	    T(duplicates_in_one_batch),         T(close_drains),
+	    T(queue_timeout_sheds_stale_units),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
