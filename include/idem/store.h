@@ -129,6 +129,14 @@ typedef struct {
 typedef int (*idem_row_fn)(void *ctx, const idem_value *cols, int ncols);
 
 /*
+ * A ready-made idem_row_fn for "SELECT count(*) …" and other one-number
+ * queries: stores the first column of the first row, as an integer, into
+ * *(int64_t *)ctx (0 when it is NULL or not an integer) and stops. ctx keeps
+ * its value when there is no row.
+ */
+IDEM_EXTERN int idem_row_int(void *ctx, const idem_value *cols, int ncols);
+
+/*
  * Run one statement inside txn with bound params. changes_out (may be NULL)
  * receives the number of rows it changed.
  * Returns 0; IDEM_ECONFLICT when a UNIQUE index rejected the write;

@@ -175,7 +175,7 @@ int idem__fast_path(idem_store *s, const idem__key *k, const char *fp, idem_resu
 
 	if (rc != 0)
 		return rc;
-	if ((rc = s->ops->rec_read(s->be, k, &ex)) == IDEM_ENOTFOUND)
+	if ((rc = idem__rec_read(s, k, &ex)) == IDEM_ENOTFOUND)
 		return 0;
 	if (rc < 0)
 		return rc;
@@ -237,7 +237,7 @@ static int claim_in_txn(idem_txn *txn, const idem__key *k, const idem_request *r
 		return 0;
 	}
 	/* IDEM__DUPLICATE: the key exists (committed, since the INSERT waited). */
-	rc = s->ops->rec_get(txn, k, &ex);
+	rc = idem__rec_get(txn, k, &ex);
 	if (rc == IDEM_ENOTFOUND) /* deleted between our INSERT and read: go again */
 		return idem__error(IDEM_ERETRY, "record vanished during claim");
 	if (rc < 0)
@@ -570,7 +570,7 @@ int idem_record_get(idem_record_info *out, idem_store *store, const char *scope,
 	memset(out, 0, sizeof(*out));
 	if ((rc = key_from_parts(&k, scope, business_type, key, key_len)) < 0)
 		return rc;
-	if ((rc = store->ops->rec_read(store->be, &k, &rec)) < 0) {
+	if ((rc = idem__rec_read(store, &k, &rec)) < 0) {
 		if (rc != IDEM_ENOTFOUND)
 			idem__store_count_error(store, rc);
 		return rc;

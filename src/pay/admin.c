@@ -137,12 +137,6 @@ int idem_admin_channel_rotate_secret(idem_pay *pay, const char *channel,
 	return rc;
 }
 
-static int count_row(void *ctx, const idem_value *cols, int n)
-{
-	*(int64_t *)ctx = n > 0 && cols[0].type == IDEM_VAL_INT ? cols[0].i : 0;
-	return 1;
-}
-
 int idem_admin_purge_count(idem_store *store, int64_t *out)
 {
 	/* The same condition every backend's purge_batch deletes by. */
@@ -153,5 +147,5 @@ int idem_admin_purge_count(idem_store *store, int64_t *out)
 	return idem_store_query(store,
 	                        "SELECT count(*) FROM idem_records WHERE expires_at <= ?"
 	                        " AND (status <> 'PROCESSING' OR lease_until <= ?)",
-	                        p, 2, count_row, out);
+	                        p, 2, idem_row_int, out);
 }

@@ -24,12 +24,6 @@ int pay__lock_merchant(idem_txn *txn, const char *merchant, int64_t now)
 	return changed == 1 ? 0 : IDEM_ENOTFOUND;
 }
 
-static int first_int(void *ctx, const idem_value *cols, int n)
-{
-	*(int64_t *)ctx = n > 0 && cols[0].type == IDEM_VAL_INT ? cols[0].i : 0;
-	return 1;
-}
-
 int pay__balance(idem_txn *txn, const char *merchant, const char *currency, int64_t *out)
 {
 	idem_value p[2] = {IDEM_V_TEXT(merchant), IDEM_V_TEXT(currency)};
@@ -37,7 +31,7 @@ int pay__balance(idem_txn *txn, const char *merchant, const char *currency, int6
 	*out = 0;
 	return idem_txn_query(txn,
 	                      "SELECT amount FROM balances WHERE merchant_id = ? AND currency = ?",
-	                      p, 2, first_int, out);
+	                      p, 2, idem_row_int, out);
 }
 
 int pay__post(idem_txn *txn, const char *merchant, const char *currency, int64_t amount,

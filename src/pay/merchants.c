@@ -170,16 +170,10 @@ int idem_pay_channel_add(idem_pay *pay, const char *name, char secret_out[IDEM_P
 	return rc;
 }
 
-static int first_int(void *ctx, const idem_value *cols, int n)
-{
-	*(int64_t *)ctx = n > 0 && cols[0].type == IDEM_VAL_INT ? cols[0].i : 0;
-	return 1;
-}
-
 int idem_pay_merchant_count(idem_pay *pay, int64_t *out)
 {
 	*out = 0;
-	return idem_store_query(pay->store, "SELECT count(*) FROM merchants", NULL, 0, first_int,
+	return idem_store_query(pay->store, "SELECT count(*) FROM merchants", NULL, 0, idem_row_int,
 	                        out);
 }
 
@@ -284,12 +278,6 @@ int idem_pay_verify_signature(idem_pay *pay, const char *channel, const char *si
 	return rc;
 }
 
-static int first_count(void *ctx, const idem_value *cols, int n)
-{
-	*(int64_t *)ctx = n > 0 && cols[0].type == IDEM_VAL_INT ? cols[0].i : 0;
-	return 1;
-}
-
 int pay__channel_exists(idem_pay *pay, idem_txn *txn, const char *name, int *exists)
 {
 	idem_value p[1] = {IDEM_V_TEXT(name)};
@@ -303,7 +291,7 @@ int pay__channel_exists(idem_pay *pay, idem_txn *txn, const char *name, int *exi
 	pthread_mutex_unlock(&pay->channels_lock);
 	if (*exists)
 		return 0;
-	rc = idem_txn_query(txn, "SELECT count(*) FROM channels WHERE name = ?", p, 1, first_count,
+	rc = idem_txn_query(txn, "SELECT count(*) FROM channels WHERE name = ?", p, 1, idem_row_int,
 	                    &n);
 	if (rc < 0 || n == 0)
 		return rc;

@@ -86,8 +86,6 @@ typedef struct {
 	/* Record operations inside a write transaction. */
 	/* 0 with rec->id set; IDEM__DUPLICATE; or an error. */
 	int (*rec_insert)(idem_txn *txn, const idem__key *k, idem__record *rec);
-	/* 0 and *out filled; IDEM_ENOTFOUND. Reads the latest committed or own state. */
-	int (*rec_get)(idem_txn *txn, const idem__key *k, idem__record *out);
 	/* Replace record id at version with rec (new owner, fingerprint, times).
 	 * *changed is 1 when it still was at that version, else 0. */
 	int (*rec_takeover)(idem_txn *txn, int64_t id, int64_t version, const idem__record *rec,
@@ -101,8 +99,6 @@ typedef struct {
 	/* Delete PROCESSING record id held by owner. */
 	int (*rec_delete_owned)(idem_txn *txn, int64_t id, const char *owner, int *changed);
 
-	/* Reads outside any write transaction, on a read connection. */
-	int (*rec_read)(idem__backend *be, const idem__key *k, idem__record *out);
 	/* Delete up to batch expired records (not live leases) in one transaction. */
 	int (*purge_batch)(idem__backend *be, int64_t now, int batch, int64_t *deleted);
 
@@ -120,6 +116,15 @@ typedef struct {
 } idem__backend_ops;
 
 extern const idem__backend_ops idem__sqlite_ops;
+
+/*
+ * Reading a record, the same SQL everywhere (records.c), on top of the
+ * backend's txn_query / read_query: 0 and *out filled, or IDEM_ENOTFOUND.
+ * idem__rec_get reads inside txn (the latest committed or its own state);
+ * idem__rec_read on a read connection, outside any write transaction.
+ */
+int idem__rec_get(idem_txn *txn, const idem__key *k, idem__record *out);
+int idem__rec_read(idem_store *store, const idem__key *k, idem__record *out);
 
 /*
  * The record writes every backend shares (records.c): plain conditional SQL

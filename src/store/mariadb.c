@@ -903,24 +903,18 @@ static const char *const *const migrations[] = {migration_1, migration_2, migrat
 
 #define SCHEMA_LATEST ((int)(sizeof(migrations) / sizeof(migrations[0])))
 
-static int read_int_row(void *ctx, const idem_value *cols, int n)
-{
-	*(int64_t *)ctx = n > 0 && cols[0].type == IDEM_VAL_INT ? cols[0].i : 0;
-	return 1;
-}
-
 static int version_in(conn *c, int *out)
 {
 	int64_t v = 0;
 	int rc = run(c,
 		     "SELECT count(*) FROM information_schema.tables"
 		     " WHERE table_schema = DATABASE() AND table_name = 'idem_schema_version'",
-		     NULL, 0, read_int_row, &v, NULL, NULL, CTX_PLAIN);
+		     NULL, 0, idem_row_int, &v, NULL, NULL, CTX_PLAIN);
 
 	if (rc < 0)
 		return rc;
 	if (v && (rc = run(c, "SELECT coalesce(max(version), 0) FROM idem_schema_version", NULL, 0,
-			   read_int_row, &v, NULL, NULL, CTX_PLAIN)) < 0)
+			   idem_row_int, &v, NULL, NULL, CTX_PLAIN)) < 0)
 		return rc;
 	*out = (int)v;
 	return 0;
@@ -951,7 +945,7 @@ static int my_migrate(idem__backend *be, int *version_out)
 		return rc;
 	/* GET_LOCK serialises migrating processes; it is released when the
 	 * connection ends too, so a crashed migrator never blocks the next. */
-	if ((rc = run(c, "SELECT GET_LOCK(" MIGRATE_LOCK ", 60)", NULL, 0, read_int_row, &got, NULL,
+	if ((rc = run(c, "SELECT GET_LOCK(" MIGRATE_LOCK ", 60)", NULL, 0, idem_row_int, &got, NULL,
 		      NULL, CTX_PLAIN)) < 0)
 		goto out;
 	if (got != 1) {
@@ -1167,47 +1161,6 @@ static int my_rollback_to(idem_txn *txn, const char *name)
 
 /* ---- records --------------------------------------------------------- */
 
-static const char sql_get[] = "SELECT " IDEM__RECORD_COLS " FROM idem_records"
-			      " WHERE scope = ? AND business_type = ? AND idem_key = ?";
-
-static int get_on(conn *c, const idem__key *k, idem__record *out)
-{
-	idem_value p[3] = {IDEM_V_TEXTN(k->scope, k->scope_len), IDEM_V_TEXTN(k->type, k->type_len),
-			   IDEM_V_TEXTN(k->key, k->key_len)};
-	int rc;
-
-	memset(out, 0, sizeof(*out));
-	rc = run(c, sql_get, p, 3, idem__record_row, out, NULL, NULL, CTX_PLAIN);
-	if (rc < 0) {
-		idem__record_clear(out);
-		return rc;
-	}
-	return out->id ? 0 : IDEM_ENOTFOUND;
-}
-
-static int my_rec_get(idem_txn *txn, const idem__key *k, idem__record *out)
-{
-	return get_on(conn_of(txn), k, out);
-}
-
-static int my_rec_read(idem__backend *be, const idem__key *k, idem__record *out)
-{
-	int rc = 0;
-
-	for (int attempt = 0; attempt < 2; attempt++) {
-		conn *c = NULL;
-		int fresh = 0;
-
-		if ((rc = reader_take(be, &c, &fresh)) < 0)
-			return rc;
-		rc = get_on(c, k, out);
-		give(be, c);
-		if (rc != IDEM_EUNAVAIL || fresh)
-			break;
-	}
-	return rc;
-}
-
 /*
  * A plain INSERT: InnoDB makes a second claimer wait on the first one's row
  * lock, then fails it with 1062 (rolling back that statement only), and the
@@ -1295,12 +1248,10 @@ const idem__backend_ops idem__mariadb_ops = {
 	.release = my_release,
 	.rollback_to = my_rollback_to,
 	.rec_insert = my_rec_insert,
-	.rec_get = my_rec_get,
 	.rec_takeover = idem__rec_takeover,
 	.rec_complete = idem__rec_complete,
 	.rec_extend = idem__rec_extend,
 	.rec_delete_owned = idem__rec_delete_owned,
-	.rec_read = my_rec_read,
 	.purge_batch = my_purge_batch,
 	.txn_exec = my_txn_exec,
 	.txn_query = my_txn_query,

@@ -36,15 +36,6 @@ int idem__pool_take(idem__pool *p);
 void idem__pool_give(idem__pool *p, int slot);
 
 /*
- * The SELECT list every backend reads records with, and the row callback
- * that fills an idem__record (ctx) from it. Returns 1 (one row is enough).
- */
-#define IDEM__RECORD_COLS                                                                    \
-	"id, version, status, fingerprint, owner, http_status, response, lease_until, "       \
-	"created_at, expires_at"
-int idem__record_row(void *ctx, const idem_value *cols, int n);
-
-/*
  * Parse the whole of s[0..len) as a decimal int64 (optional sign). 0 when it
  * is one, -1 otherwise (empty, junk, a fraction, out of range).
  */

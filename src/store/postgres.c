@@ -834,22 +834,16 @@ static const char *const migrations[] = {
 
 #define SCHEMA_LATEST ((int)(sizeof(migrations) / sizeof(migrations[0])))
 
-static int read_int_row(void *ctx, const idem_value *cols, int n)
-{
-	*(int64_t *)ctx = n > 0 && cols[0].type == IDEM_VAL_INT ? cols[0].i : 0;
-	return 1;
-}
-
 static int version_in(conn *c, int *out)
 {
 	int64_t v = 0;
 	int rc = run(c, "SELECT to_regclass('idem_schema_version') IS NOT NULL", NULL, 0,
-		     read_int_row, &v, NULL, CTX_PLAIN);
+		     idem_row_int, &v, NULL, CTX_PLAIN);
 
 	if (rc < 0)
 		return rc;
 	if (v && (rc = run(c, "SELECT coalesce(max(version), 0) FROM idem_schema_version", NULL, 0,
-			   read_int_row, &v, NULL, CTX_PLAIN)) < 0)
+			   idem_row_int, &v, NULL, CTX_PLAIN)) < 0)
 		return rc;
 	*out = (int)v;
 	return 0;
@@ -1107,53 +1101,6 @@ static int pg_rollback_to(idem_txn *txn, const char *name)
 
 /* ---- records --------------------------------------------------------- */
 
-static const char sql_get[] = "SELECT " IDEM__RECORD_COLS " FROM idem_records"
-			      " WHERE scope = ? AND business_type = ? AND idem_key = ?";
-
-static int get_on(conn *c, const idem__key *k, idem__record *out)
-{
-	idem_value p[3] = {IDEM_V_TEXTN(k->scope, k->scope_len), IDEM_V_TEXTN(k->type, k->type_len),
-			   IDEM_V_TEXTN(k->key, k->key_len)};
-	int rc;
-
-	memset(out, 0, sizeof(*out));
-	rc = run(c, sql_get, p, 3, idem__record_row, out, NULL, CTX_PLAIN);
-	if (rc < 0) {
-		idem__record_clear(out);
-		return rc;
-	}
-	return out->id ? 0 : IDEM_ENOTFOUND;
-}
-
-static int pg_rec_get(idem_txn *txn, const idem__key *k, idem__record *out)
-{
-	return get_on(conn_of(txn), k, out);
-}
-
-static int pg_rec_read(idem__backend *be, const idem__key *k, idem__record *out)
-{
-	int rc = 0;
-
-	for (int attempt = 0; attempt < 2; attempt++) {
-		conn *c = NULL;
-		int fresh = 0;
-
-		if ((rc = reader_take(be, &c, &fresh)) < 0)
-			return rc;
-		rc = get_on(c, k, out);
-		give(be, c);
-		if (rc != IDEM_EUNAVAIL || fresh)
-			break;
-	}
-	return rc;
-}
-
-static int id_row(void *ctx, const idem_value *cols, int n)
-{
-	*(int64_t *)ctx = n > 0 && cols[0].type == IDEM_VAL_INT ? cols[0].i : 0;
-	return 1;
-}
-
 /*
  * ON CONFLICT on exactly the idempotency key: a conflict there (after
  * waiting for a concurrent claimer's transaction) returns no row; any other
@@ -1177,7 +1124,7 @@ static int pg_rec_insert(idem_txn *txn, const idem__key *k, idem__record *rec)
 			    IDEM_V_INT(rec->created_at),
 			    IDEM_V_INT(rec->expires_at)};
 	int64_t id = 0;
-	int rc = run(conn_of(txn), sql, p, 10, id_row, &id, NULL, CTX_CLAIM);
+	int rc = run(conn_of(txn), sql, p, 10, idem_row_int, &id, NULL, CTX_CLAIM);
 
 	if (rc != 0)
 		return rc;
@@ -1286,12 +1233,10 @@ const idem__backend_ops idem__postgres_ops = {
 	.release = pg_release,
 	.rollback_to = pg_rollback_to,
 	.rec_insert = pg_rec_insert,
-	.rec_get = pg_rec_get,
 	.rec_takeover = idem__rec_takeover,
 	.rec_complete = idem__rec_complete,
 	.rec_extend = idem__rec_extend,
 	.rec_delete_owned = idem__rec_delete_owned,
-	.rec_read = pg_rec_read,
 	.purge_batch = pg_purge_batch,
 	.txn_exec = pg_txn_exec,
 	.txn_try_exec = pg_txn_try_exec,

@@ -443,25 +443,19 @@ static const char *const migrations[] = {
 
 #define SCHEMA_LATEST ((int)(sizeof(migrations) / sizeof(migrations[0])))
 
-static int read_int_row(void *ctx, const idem_value *cols, int n)
-{
-	*(int64_t *)ctx = n > 0 && cols[0].type == IDEM_VAL_INT ? cols[0].i : 0;
-	return 1;
-}
-
 static int version_in(conn *c, int *out)
 {
 	int64_t v = 0;
 	int has = 0;
 	int rc = run(c, "SELECT count(*) FROM sqlite_schema WHERE name = 'idem_schema_version'",
-		     NULL, 0, read_int_row, &v, NULL, CTX_PLAIN);
+		     NULL, 0, idem_row_int, &v, NULL, CTX_PLAIN);
 
 	if (rc < 0)
 		return rc;
 	has = v > 0;
 	v = 0;
 	if (has && (rc = run(c, "SELECT coalesce(max(version), 0) FROM idem_schema_version", NULL,
-			     0, read_int_row, &v, NULL, CTX_PLAIN)) < 0)
+			     0, idem_row_int, &v, NULL, CTX_PLAIN)) < 0)
 		return rc;
 	*out = (int)v;
 	return 0;
@@ -673,74 +667,6 @@ static int sqlite_rollback_to(idem_txn *txn, const char *name)
 
 /* ---- records --------------------------------------------------------- */
 
-#define RECORD_COLS                                                                          \
-	"id, version, status, fingerprint, owner, http_status, response, lease_until, "       \
-	"created_at, expires_at"
-
-static const char sql_get[] = "SELECT " RECORD_COLS " FROM idem_records"
-			      " WHERE scope = ? AND business_type = ? AND idem_key = ?";
-
-static int record_row(void *ctx, const idem_value *c, int n)
-{
-	idem__record *r = ctx;
-	int rc;
-
-	if (n != 10)
-		return idem__error(IDEM_ESTORE, "record row has %d columns", n);
-	r->id = c[0].i;
-	r->version = c[1].i;
-	if ((rc = idem__status_parse(c[2].p, c[2].len, &r->status)) < 0)
-		return rc;
-	if (c[3].len != IDEM_FINGERPRINT_LEN)
-		return idem__error(IDEM_ESTORE, "record fingerprint malformed");
-	memcpy(r->fingerprint, c[3].p, IDEM_FINGERPRINT_LEN);
-	r->fingerprint[IDEM_FINGERPRINT_LEN] = '\0';
-	if (c[4].type == IDEM_VAL_TEXT && c[4].len < sizeof(r->owner)) {
-		memcpy(r->owner, c[4].p, c[4].len);
-		r->owner[c[4].len] = '\0';
-	}
-	r->http_status = c[5].type == IDEM_VAL_INT ? (int)c[5].i : 0;
-	if (c[6].type == IDEM_VAL_BLOB || c[6].type == IDEM_VAL_TEXT) {
-		if (!(r->body = malloc(c[6].len ? c[6].len : 1)))
-			return idem__error(IDEM_ENOMEM, "out of memory");
-		memcpy(r->body, c[6].p, c[6].len);
-		r->body_len = c[6].len;
-	}
-	r->lease_until = c[7].type == IDEM_VAL_INT ? c[7].i : 0;
-	r->created_at = c[8].i;
-	r->expires_at = c[9].i;
-	return 1;
-}
-
-static int get_on(conn *c, const idem__key *k, idem__record *out)
-{
-	idem_value p[3] = {IDEM_V_TEXTN(k->scope, k->scope_len), IDEM_V_TEXTN(k->type, k->type_len),
-			   IDEM_V_TEXTN(k->key, k->key_len)};
-	int rc;
-
-	memset(out, 0, sizeof(*out));
-	rc = run(c, sql_get, p, 3, record_row, out, NULL, CTX_PLAIN);
-	if (rc < 0) {
-		idem__record_clear(out);
-		return rc;
-	}
-	return out->id ? 0 : IDEM_ENOTFOUND;
-}
-
-static int sqlite_rec_get(idem_txn *txn, const idem__key *k, idem__record *out)
-{
-	return get_on(&be_of(txn)->writer, k, out);
-}
-
-static int sqlite_rec_read(idem__backend *be, const idem__key *k, idem__record *out)
-{
-	conn *c = reader_get(be);
-	int rc = get_on(c, k, out);
-
-	reader_put(be, c);
-	return rc;
-}
-
 static int sqlite_rec_insert(idem_txn *txn, const idem__key *k, idem__record *rec)
 {
 	static const char sql[] =
@@ -826,12 +752,10 @@ const idem__backend_ops idem__sqlite_ops = {
 	.release = sqlite_release,
 	.rollback_to = sqlite_rollback_to,
 	.rec_insert = sqlite_rec_insert,
-	.rec_get = sqlite_rec_get,
 	.rec_takeover = idem__rec_takeover,
 	.rec_complete = idem__rec_complete,
 	.rec_extend = idem__rec_extend,
 	.rec_delete_owned = idem__rec_delete_owned,
-	.rec_read = sqlite_rec_read,
 	.purge_batch = sqlite_purge_batch,
 	.txn_exec = sqlite_txn_exec,
 	.txn_query = sqlite_txn_query,

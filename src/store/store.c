@@ -203,6 +203,12 @@ int idem_store_purge(idem_store *store, int batch, int max_batches, int64_t *del
 	return rc;
 }
 
+int idem_row_int(void *ctx, const idem_value *cols, int ncols)
+{
+	*(int64_t *)ctx = ncols > 0 && cols[0].type == IDEM_VAL_INT ? cols[0].i : 0;
+	return 1;
+}
+
 int idem_txn_exec(idem_txn *txn, const char *sql, const idem_value *params, int nparams,
                   int64_t *changes_out)
 {
@@ -212,7 +218,7 @@ int idem_txn_exec(idem_txn *txn, const char *sql, const idem_value *params, int 
 }
 
 int idem_txn_try_exec(idem_txn *txn, const char *sql, const idem_value *params, int nparams,
-		      int64_t *changes_out)
+                      int64_t *changes_out)
 {
 	const idem__backend_ops *ops = txn->store->ops;
 
