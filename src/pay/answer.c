@@ -96,6 +96,24 @@ int pay__problem(idem_response *resp, int status, const char *code, const char *
 	return rc;
 }
 
+int pay__read_answer(idem_result *out, json_t *obj)
+{
+	idem_response r = {0, NULL, 0, 0};
+	int rc;
+
+	if (!obj)
+		return idem__error(IDEM_ENOMEM, "out of memory");
+	rc = pay__json(&r, 200, obj);
+	json_decref(obj);
+	if (rc < 0)
+		return rc;
+	out->outcome = IDEM_FIRST;
+	out->http_status = 200;
+	out->body = r.body;
+	out->body_len = r.body_len;
+	return 0;
+}
+
 int pay__reject(idem_result *out, int status, const char *code, const char *detail)
 {
 	char *body = NULL;

@@ -44,6 +44,8 @@ int pay__channel_exists(idem_pay *pay, idem_txn *txn, const char *name, int *exi
 int pay__json(idem_response *resp, int status, json_t *obj);
 /* Set resp to a problem+json body. */
 int pay__problem(idem_response *resp, int status, const char *code, const char *detail);
+/* A read's answer: 200 with obj (consumed; NULL means out of memory). */
+int pay__read_answer(idem_result *out, json_t *obj);
 /* An answer given before any claim (validation): FIRST, not stored. */
 int pay__reject(idem_result *out, int status, const char *code, const char *detail);
 

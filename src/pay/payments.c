@@ -278,8 +278,7 @@ void idem_pay_create_payment_async(idem_pay *pay, const idem_pay_request *rq, id
 	else if (desc && strlen(desc) > 255)
 		rc = pay__reject(out, 400, "invalid_request",
 		                 "'description' must be at most 255 bytes");
-	else if ((rc = pay__fingerprint(c->fp, rq, c->doc)) ==
-	         0) {
+	else if ((rc = pay__fingerprint(c->fp, rq, c->doc)) == 0) {
 		pay__start(c, "payment", order_no, pay->opts.ttl_ms, create_payment_work,
 		           pay->opts.mock_channel_delay_ms > 0 &&
 		                   strcmp(pay__str(c->doc, "channel"), "mock") == 0
@@ -298,23 +297,9 @@ int idem_pay_create_payment(idem_result *out, idem_pay *pay, const idem_pay_requ
 
 static int answer_payment(idem_result *out, pay__payment *p)
 {
-	idem_response r = {0, NULL, 0, 0};
-	json_t *obj;
-	int rc;
-
 	if (!p->found)
 		return pay__reject(out, 404, "not_found", "no such payment");
-	if (!(obj = pay__payment_object(p)))
-		return idem__error(IDEM_ENOMEM, "out of memory");
-	rc = pay__json(&r, 200, obj);
-	json_decref(obj);
-	if (rc < 0)
-		return rc;
-	out->outcome = IDEM_FIRST;
-	out->http_status = 200;
-	out->body = r.body;
-	out->body_len = r.body_len;
-	return 0;
+	return pay__read_answer(out, pay__payment_object(p));
 }
 
 int idem_pay_get_payment(idem_result *out, idem_pay *pay, const char *merchant, const char *id)

@@ -9,24 +9,6 @@
 #include "pay/internal.h"
 #include "util/error.h"
 
-static int answer(idem_result *out, json_t *obj)
-{
-	idem_response r = {0, NULL, 0, 0};
-	int rc;
-
-	if (!obj)
-		return idem__error(IDEM_ENOMEM, "out of memory");
-	rc = pay__json(&r, 200, obj);
-	json_decref(obj);
-	if (rc < 0)
-		return rc;
-	out->outcome = IDEM_FIRST;
-	out->http_status = 200;
-	out->body = r.body;
-	out->body_len = r.body_len;
-	return 0;
-}
-
 static int balance_row(void *ctx, const idem_value *c, int n)
 {
 	char currency[8];
@@ -57,7 +39,8 @@ int idem_pay_get_balance(idem_result *out, idem_pay *pay, const char *merchant)
 		json_decref(list);
 		return rc;
 	}
-	return answer(out, json_pack("{s:s, s:o}", "object", "balance", "available", list));
+	return pay__read_answer(out,
+	                        json_pack("{s:s, s:o}", "object", "balance", "available", list));
 }
 
 int idem_pay_get_record(idem_result *out, idem_pay *pay, const char *merchant,
@@ -87,5 +70,5 @@ int idem_pay_get_record(idem_result *out, idem_pay *pay, const char *merchant,
 	                expires);
 	free(k);
 	idem_record_info_clear(&info);
-	return answer(out, obj);
+	return pay__read_answer(out, obj);
 }

@@ -32,7 +32,6 @@ struct http_req {
 	char *path;
 	struct timespec start;
 	route_match match;
-	int prepared; /* route_prepare ran */
 	int answered; /* a response was queued */
 	int too_large;
 	char *body;
@@ -263,7 +262,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 		}
 		if (route_check_media(r, method, &a) != 0)
 			return send_answer(r, &a);
-		r->prepared = 1;
 		return MHD_YES;
 	}
 	if (r->answered) { /* answered early: drop whatever still arrives */

@@ -274,7 +274,6 @@ int main(int argc, char **argv)
 	 */
 	mallopt(M_TRIM_THRESHOLD, 64 << 20);
 	log_init(cfg.log_format);
-	metrics_init();
 
 	/* Signals are taken by sigwait in this thread only. */
 	sigemptyset(&sigs);

@@ -32,10 +32,6 @@ static struct {
 	int64_t last_warn;
 } win = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
-void metrics_init(void)
-{
-}
-
 static int64_t now_s(void)
 {
 	struct timespec ts;

@@ -44,7 +44,6 @@ void log_request(const char *request_id, const char *method, const char *path, i
                  const char *outcome, double duration_ms);
 
 /* ---- metrics (metrics.c) ---- */
-void metrics_init(void);
 /* One finished request: its duration and, for claims, the outcome. */
 void metrics_observe(double seconds, int claimed, int duplicate);
 /* The conflict ratio over the sliding window, and the number of claims in it. */
@@ -106,8 +105,6 @@ struct route_match {
 	char param[320];                 /* path parameter ({id}, {channel}, {type}) */
 	char param2[320];                /* second path parameter ({key}) */
 	size_t param2_len;
-	int needs_body;
-	int signed_body; /* verify X-Signature with the body, channel = param */
 };
 
 /* 0: m is ready to run; else a has the answer. */
