@@ -110,7 +110,28 @@ static int matches(const cli_command *c, int argc, char **argv, int i)
 	       argv[i][sp - c->name] == '\0' && strcmp(argv[i + 1], sp + 1) == 0 ? 2 : 0;
 }
 
-/* "merchant" with no or an unknown subcommand: say which ones exist. */
+static int is_help(const char *a)
+{
+	return strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0;
+}
+
+/* "idemctl merchant --help": the group's subcommands with their usage. */
+static void group_usage(const char *group, size_t n)
+{
+	printf("usage: idemctl [--db URL] %s SUBCOMMAND [ARGS]\n\nsubcommands:\n", group);
+	for (size_t c = 0; c < NCOMMANDS; c++) {
+		const char *name = commands[c]->name;
+
+		if (strncmp(name, group, n) == 0 && name[n] == ' ')
+			printf("  %-22s %s\n", name + n + 1, commands[c]->summary);
+	}
+	printf("\n'idemctl %s SUBCOMMAND --help' shows a subcommand's options and an "
+	       "example.\n%s",
+	       group, exit_codes);
+}
+
+/* "merchant" with no or an unknown subcommand: say which ones exist;
+ * "merchant --help" (before any subcommand): list them, exit 0. */
 static int unknown_command(int argc, char **argv, int i)
 {
 	char subs[256] = "";
@@ -122,6 +143,10 @@ static int unknown_command(int argc, char **argv, int i)
 		if (strncmp(name, argv[i], n) == 0 && name[n] == ' ' && used < sizeof(subs))
 			used += (size_t)snprintf(subs + used, sizeof(subs) - used, "%s%s",
 						 used ? ", " : "", name + n + 1);
+	}
+	if (used && i + 1 < argc && is_help(argv[i + 1])) {
+		group_usage(argv[i], n);
+		return 0;
 	}
 	if (used && i + 1 < argc)
 		return cli_usage_error("unknown %s subcommand '%s' (one of: %s)", argv[i],
