@@ -1,20 +1,28 @@
 # Thin wrapper over CMake so the usual verbs work: make, make run,
-# make test, make test-asan. Each runs scripts/deps.sh first (a quick no-op when every
-# package is present), so a fresh Debian 12 machine needs nothing else.
+# make test, make test-asan, make install. Each runs scripts/deps.sh first (a
+# quick no-op when every package is present), so a fresh Debian 12 machine
+# needs nothing else: `make run` only what the SQLite path needs, `make test`
+# everything the whole suite runs (deps.sh --all: PostgreSQL, MariaDB,
+# promtool, the packaging tools).
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CTEST_ARGS ?=
 
+PREFIX     ?= /usr/local
+DESTDIR    ?=
 LISTEN     ?= 127.0.0.1:8080
 DB         ?= sqlite:var/idem.db
 
-.PHONY: all deps build run test test-asan bench clean format
+.PHONY: all deps deps-all build run test test-asan install deb bench clean format
 
 all: build
 
 deps:
 	@scripts/deps.sh
+
+deps-all:
+	@scripts/deps.sh --all
 
 $(BUILD)/CMakeCache.txt: | deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo
@@ -29,7 +37,7 @@ run: build
 	@$(BUILD)/idemctl --db $(DB) demo http://$(LISTEN)
 	$(BUILD)/idemd --listen $(LISTEN) --db $(DB)
 
-test: build
+test: deps-all build
 	scripts/run-tests.sh $(BUILD) $(CTEST_ARGS)
 
 # The benchmark (bench/run.sh, about 6 minutes): rewrites the table in
@@ -40,11 +48,21 @@ bench: build
 $(ASAN_BUILD)/CMakeCache.txt: | deps
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DIDEM_SANITIZE=ON
 
-test-asan: deps $(ASAN_BUILD)/CMakeCache.txt
+test-asan: deps-all $(ASAN_BUILD)/CMakeCache.txt
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 		UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 		scripts/run-tests.sh $(ASAN_BUILD) $(CTEST_ARGS)
+
+# Installs idemd, idemctl, libidem (shared + static), the headers and idem.pc
+# under PREFIX (DESTDIR for staging).
+install: build
+	DESTDIR=$(DESTDIR) cmake --install $(BUILD) --prefix $(PREFIX)
+
+# The Debian package (debian/): ../idem_*.deb.
+deb:
+	@scripts/deps.sh --pkg
+	dpkg-buildpackage -us -uc -b
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')

@@ -17,17 +17,32 @@ set -euo pipefail
 
 want_pg=auto want_my=auto
 case "${1:-}" in
-  --pg) want_my=no ;;
-  --mariadb) want_pg=no ;;
+  --pg) want_my=no want_pg=yes ;;
+  --mariadb) want_pg=no want_my=yes ;;
   "") ;;
   *) echo "usage: db-up.sh [--pg|--mariadb]" >&2; exit 2 ;;
 esac
 
 log() { echo "db-up.sh: $*" >&2; }
 
-pg_bin=${IDEM_PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)}
+# Where the server binaries are. IDEM_PG_BIN names one PostgreSQL bin dir;
+# IDEM_PG_ROOT (default /usr/lib/postgresql) and IDEM_MARIADB_SBIN (default
+# /usr/sbin) are where to look: the tests point them at an empty dir to
+# simulate a machine without the servers. A glob, not `ls | sort` under
+# pipefail: with no PostgreSQL installed, ls failing ended the script silently.
+pg_bin=${IDEM_PG_BIN:-}
+if [ -z "$pg_bin" ]; then
+  for d in "${IDEM_PG_ROOT:-/usr/lib/postgresql}"/*/bin; do
+    [ -x "$d/initdb" ] || continue
+    if [ -z "$pg_bin" ] || [ "$(printf '%s\n%s\n' "$pg_bin" "$d" | sort -V | tail -n 1)" = "$d" ]; then
+      pg_bin=$d
+    fi
+  done
+fi
 have_pg() { [ -n "$pg_bin" ] && [ -x "$pg_bin/initdb" ] && [ -x "$pg_bin/pg_ctl" ]; }
-my_bin=$(command -v mariadbd || ls /usr/sbin/mariadbd 2>/dev/null || true)
+my_sbin=${IDEM_MARIADB_SBIN:-/usr/sbin}
+my_bin=
+[ -x "$my_sbin/mariadbd" ] && my_bin=$my_sbin/mariadbd
 have_my() {
   [ -n "$my_bin" ] && command -v mariadb-install-db >/dev/null && command -v mariadb >/dev/null
 }
@@ -119,11 +134,21 @@ SQL
   return 1
 }
 
+# Asked for by name (--pg, --mariadb), a missing server is an error; in the
+# default mode it is reported and the caller (run-tests.sh) decides.
+missing() {
+  if [ "$2" = auto ]; then
+    log "$1 server binaries not found: not started (install: scripts/deps.sh --all)"
+  else
+    log "$1 server binaries not found (install: scripts/deps.sh --all)"
+    exit 1
+  fi
+}
 if [ "$want_pg" != no ]; then
-  if have_pg; then start_pg; else log "PostgreSQL server binaries not found: not started"; fi
+  if have_pg; then start_pg; else missing PostgreSQL "$want_pg"; fi
 fi
 if [ "$want_my" != no ]; then
-  if have_my; then start_my; else log "MariaDB server binaries not found: not started"; fi
+  if have_my; then start_my; else missing MariaDB "$want_my"; fi
 fi
 started=1
 printf 'export'

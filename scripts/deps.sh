@@ -3,8 +3,10 @@
 # The only place anything gets installed: the Makefile and .ci/run call it.
 # Quick no-op when everything is present. Needs root (or sudo) to install.
 #
-#   scripts/deps.sh          build + test dependencies (SQLite path)
-#   scripts/deps.sh --all    also the database servers the full suite starts
+#   scripts/deps.sh          build + SQLite-path dependencies (make, make run)
+#   scripts/deps.sh --pkg    also the Debian packaging tools (dpkg-buildpackage)
+#   scripts/deps.sh --all    everything the whole suite needs (make test): the
+#                            database servers, promtool, the packaging tools
 set -euo pipefail
 
 pkgs=(
@@ -13,9 +15,14 @@ pkgs=(
   libmicrohttpd-dev libcurl4-openssl-dev libpq-dev libmariadb-dev
   libhiredis-dev libcsv-dev python3 curl openssl
 )
-if [ "${1:-}" = "--all" ]; then
-  pkgs+=(postgresql mariadb-server sqlite3)
-fi
+pkg_tools=(debhelper dpkg-dev fakeroot)
+for arg in "$@"; do
+  case "$arg" in
+    --all) pkgs+=(postgresql mariadb-server sqlite3 prometheus "${pkg_tools[@]}") ;;
+    --pkg) pkgs+=("${pkg_tools[@]}") ;;
+    *) echo "usage: deps.sh [--all|--pkg]" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${pkgs[@]}"; do
@@ -26,12 +33,24 @@ done
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 echo "deps.sh: installing ${missing[*]}" >&2
+# Whatever fails below, say what could not be installed (apt's own message
+# alone is easy to miss in a make log).
+trap 'rc=$?; [ $rc -eq 0 ] || echo "deps.sh: could not install: ${missing[*]} (exit $rc)" >&2' EXIT
 SUDO=
 if [ "$(id -u)" -ne 0 ]; then
   command -v sudo >/dev/null || { echo "deps.sh: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
   SUDO=sudo
 fi
 export DEBIAN_FRONTEND=noninteractive
+# prometheus is installed for its promtool only: keep its daemon (and any
+# other service a package ships) from being started by the install, as
+# Debian's container images do, unless the machine has a policy already.
+policy=/usr/sbin/policy-rc.d
+if [ ! -e "$policy" ]; then
+  printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy" >/dev/null
+  $SUDO chmod 755 "$policy"
+  trap 'rc=$?; $SUDO rm -f "$policy"; [ $rc -eq 0 ] || echo "deps.sh: could not install: ${missing[*]} (exit $rc)" >&2' EXIT
+fi
 # Fresh images ship without package lists; apt-get install finds nothing then.
 if [ -z "$(find /var/lib/apt/lists -maxdepth 1 -name '*_Packages*' -print -quit 2>/dev/null)" ]; then
   $SUDO apt-get update -q
