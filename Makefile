@@ -59,10 +59,10 @@ test-asan: deps-all $(ASAN_BUILD)/CMakeCache.txt
 install: build
 	DESTDIR=$(DESTDIR) cmake --install $(BUILD) --prefix $(PREFIX)
 
-# The Debian package (debian/): ../idem_*.deb.
+# The Debian packages (debian/), built in a scratch copy: $(BUILD)/deb/*.deb.
 deb:
 	@scripts/deps.sh --pkg
-	dpkg-buildpackage -us -uc -b
+	scripts/build-deb.sh $(BUILD)/deb
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
