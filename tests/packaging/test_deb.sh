@@ -32,7 +32,10 @@ unit=$root/lib/systemd/system/idemd.service
 "$root/usr/bin/idemd" --help >"$tmp/help.txt" || fail "idemd --help failed"
 grep -q '^usage: idemd' "$tmp/help.txt" || fail "idemd --help: no usage line"
 "$root/usr/bin/idemctl" --db "sqlite:$tmp/ctl.db" migrate || fail "idemctl migrate failed"
-"$root/usr/bin/idemctl" --db "sqlite:$tmp/ctl.db" migrate --json | grep -q '"up_to_date": *true' ||
+# Outputs captured before grep -q: a pipe into it fails under pipefail
+# when the writer gets SIGPIPE after grep's early exit.
+status=$("$root/usr/bin/idemctl" --db "sqlite:$tmp/ctl.db" migrate --json)
+grep -q '"up_to_date": *true' <<<"$status" ||
   fail "idemctl migrate did not leave the store up to date"
 
 # Maintainer scripts: not run here (see above), but they must parse and
@@ -44,7 +47,8 @@ grep -q 'chown idem:idem /var/lib/idem' "$tmp/ctl/postinst" || fail "postinst ma
 grep -q 'deb-systemd-helper enable .idemd.service' "$tmp/ctl/postinst" || fail "unit not enabled"
 
 [ -f "$root/etc/idem/idemd.env" ] || fail "no /etc/idem/idemd.env"
-dpkg-deb -I "$(ls "$tmp"/deb/idem_*.deb)" conffiles | grep -qx /etc/idem/idemd.env ||
+conffiles=$(dpkg-deb -I "$(ls "$tmp"/deb/idem_*.deb)" conffiles)
+grep -qx /etc/idem/idemd.env <<<"$conffiles" ||
   fail "/etc/idem/idemd.env is not a conffile"
 for d in User=idem StateDirectory=idem ProtectSystem=strict NoNewPrivileges=yes \
   ProtectHome=yes PrivateTmp=yes CapabilityBoundingSet= \

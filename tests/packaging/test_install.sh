@@ -29,7 +29,10 @@ inc=$(pkg-config --variable=includedir idem)
 # DESTDIR tree is not where ld.so looks).
 cc -std=c11 -Wall -Wextra -Werror -o "$tmp/consumer" "$src" $flags
 LD_LIBRARY_PATH=$libdir "$tmp/consumer" "$tmp/shared.db"
-LD_LIBRARY_PATH=$libdir ldd "$tmp/consumer" | grep -q "libidem.so.0 => $libdir"
+# ldd's output captured first: `ldd | grep -q` under pipefail fails when
+# grep exits at its match and ldd dies of SIGPIPE (seen 1 run in 10).
+linked=$(LD_LIBRARY_PATH=$libdir ldd "$tmp/consumer")
+grep -q "libidem.so.0 => $libdir" <<<"$linked"
 
 # Static libidem.a, its dependencies shared (Debian's libpq-dev has no
 # static libpgcommon, so `pkg-config --static` cannot link fully static):
@@ -38,6 +41,7 @@ deps=$(pkg-config --print-requires-private idem | awk '{print $1}')
 cc -std=c11 -Wall -Wextra -Werror -o "$tmp/consumer-static" "$src" \
   $(pkg-config --cflags idem) "$libdir/libidem.a" $(pkg-config --libs $deps) -lcsv -pthread
 "$tmp/consumer-static" "$tmp/static.db"
-! ldd "$tmp/consumer-static" | grep -q libidem
+linked=$(ldd "$tmp/consumer-static")
+! grep -q libidem <<<"$linked"
 "$root/bin/idemctl" --db "sqlite:$tmp/ctl.db" migrate
 echo "install test: ok"
