@@ -98,6 +98,16 @@ void pay__time(char out[32], int64_t ms);
 int pay__lock_merchant(idem_txn *txn, const char *merchant, int64_t now);
 /* The merchant's balance in currency (0 when none). Call under the lock. */
 int pay__balance(idem_txn *txn, const char *merchant, const char *currency, int64_t *out);
+/*
+ * Whether crediting amount keeps the balance within int64 (*fits 1), under
+ * the lock: ask before the unit writes anything, and answer a refusal with
+ * pay__overflow_problem. pay__post refuses a credit that does not fit with
+ * IDEM_ECONSTRAINT (a unit that skipped the check fails, nothing is kept).
+ */
+int pay__credit_fits(idem_txn *txn, const char *merchant, const char *currency, int64_t amount,
+                     int *fits);
+/* The stored answer for a refused credit: 409 balance_overflow. */
+int pay__overflow_problem(idem_response *resp);
 /* Post amount (signed) to the balance and the ledger, under the lock. */
 int pay__post(idem_txn *txn, const char *merchant, const char *currency, int64_t amount,
               const char *kind, const char *ref, int64_t now);
