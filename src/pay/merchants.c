@@ -11,6 +11,7 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -94,15 +95,44 @@ static int insert_merchant(idem_txn *txn, void *ctx)
 	                     p, 5, NULL);
 }
 
+/*
+ * Length of the well-formed UTF-8 sequence at s (at most n bytes) and its
+ * code point, or 0: no overlong forms, no surrogates, nothing past U+10FFFF.
+ */
+static size_t utf8_seq(const unsigned char *s, size_t n, uint32_t *cp)
+{
+	static const uint32_t min[5] = {0, 0, 0x80, 0x800, 0x10000};
+	size_t len = s[0] < 0x80 ? 1 : s[0] >= 0xc2 && s[0] <= 0xdf ? 2
+	           : s[0] >= 0xe0 && s[0] <= 0xef ? 3 : s[0] >= 0xf0 && s[0] <= 0xf4 ? 4 : 0;
+	uint32_t v;
+
+	if (len == 0 || len > n)
+		return 0;
+	v = len == 1 ? s[0] : s[0] & (0x7f >> len);
+	for (size_t i = 1; i < len; i++) {
+		if ((s[i] & 0xc0) != 0x80)
+			return 0;
+		v = v << 6 | (s[i] & 0x3f);
+	}
+	if (v < min[len] || v > 0x10ffff || (v >= 0xd800 && v <= 0xdfff))
+		return 0;
+	*cp = v;
+	return len;
+}
+
+/* 1..100 bytes of well-formed UTF-8 without control characters (C0, DEL, C1). */
 static int valid_name(const char *name)
 {
-	size_t n = name ? strlen(name) : 0;
+	const unsigned char *s = (const unsigned char *)name;
+	size_t n = name ? strlen(name) : 0, len;
+	uint32_t cp = 0;
 
 	if (n == 0 || n > 100)
 		return 0;
-	for (size_t i = 0; i < n; i++)
-		if ((unsigned char)name[i] < 0x20 || name[i] == 0x7f)
+	for (size_t i = 0; i < n; i += len) {
+		if (!(len = utf8_seq(s + i, n - i, &cp)) || cp < 0x20 || (cp >= 0x7f && cp < 0xa0))
 			return 0;
+	}
 	return 1;
 }
 
@@ -115,7 +145,8 @@ int idem_pay_merchant_add(idem_pay *pay, const char *name, char id_out[IDEM_PAY_
 
 	id_out[0] = key_out[0] = '\0';
 	if (!valid_name(name))
-		return idem__error(IDEM_EINVAL, "merchant name must be 1..100 printable bytes");
+		return idem__error(IDEM_EINVAL, "merchant name must be 1..100 bytes of UTF-8 without"
+		                                " control characters");
 	m.name = name;
 	m.now = pay__now(pay);
 	if ((rc = pay__new_id(m.id, "m_")) < 0 ||

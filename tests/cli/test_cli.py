@@ -226,6 +226,58 @@ class TestCredentials(CliTest):
         self.bad(1, "merchant", "rotate-key", "m_doesnotexist")
         self.bad(2, "merchant", "list", "extra")
 
+    def sql(self, verb, statement, *params):
+        """cli_testdb exec|query on this test's database (params: bytes as given)."""
+        p = subprocess.run([TESTDB, verb, self.db, statement] + list(params),
+                           capture_output=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr.decode(errors="replace"))
+        return p.stdout
+
+    def test_merchant_bad_name_is_refused_before_any_write(self):
+        # Issue 16: a name jansson could not encode was committed, then
+        # "out of memory" hid its one-time key.
+        self.ok("migrate")
+        for name in (b"bad\xffname", b"a\x1bb", b"a\nb", b"tab\there", b"del\x7f",
+                     b"\xc0\xaf", b"\xed\xa0\x80", b"nel\xc2\x85", b"\xf4\x90\x80\x80",
+                     b"cut\xe4\xb8", "é".encode() * 51):
+            r = self.bad(1, "merchant", "add", name, "--json")
+            self.assertIn("UTF-8", r.err, r)
+            self.assertEqual(r.out, "", r)
+            r = self.bad(1, "merchant", "add", name)
+            self.assertNotIn("sk_", r.out + r.err, r)
+        self.assertEqual(self.ok("merchant", "list", "--json").json()["merchants"], [])
+        self.assertEqual(self.sql("query", "SELECT count(*) FROM merchants").strip(), b"0")
+        # Well-formed UTF-8 up to 100 bytes is fine, and round-trips.
+        for name in ("Café 北京 🙂", "é" * 50):
+            a = self.ok("merchant", "add", name, "--json").json()
+            self.assertEqual(a["name"], name)
+            self.assertTrue(a["api_key"].startswith("sk_"))
+        names = [m["name"] for m in self.ok("merchant", "list", "--json").json()["merchants"]]
+        self.assertEqual(sorted(names), sorted(["Café 北京 🙂", "é" * 50]))
+
+    def test_merchant_list_survives_a_bad_stored_name(self):
+        # A database written before names were checked may hold any bytes:
+        # one such row must not make the whole list fail, nor put raw
+        # escapes on the operator's terminal.
+        self.ok("migrate")
+        good = self.ok("merchant", "add", "Good", "--json").json()
+        bad = b"esc\x1b[31m\x07"
+        if self.db.startswith("sqlite:"):
+            bad += b"\xff\xfe"  # the servers refuse bytes that are not UTF-8
+        self.sql("exec", "INSERT INTO merchants (id, name, key_id, key_digest, created_at)"
+                 " VALUES ('m_old', ?, 'oldkeyid', 'olddigest', 1)", bad)
+        d = self.ok("merchant", "list", "--json").json()
+        names = {m["merchant_id"]: m["name"] for m in d["merchants"]}
+        self.assertEqual(names[good["merchant_id"]], "Good")
+        expect = "esc\\x1B[31m\\x07" + ("\\xFF\\xFE" if self.db.startswith("sqlite:") else "")
+        self.assertEqual(names["m_old"], expect)
+        r = self.ok("merchant", "list")
+        self.assertIn("m_old", r.out)
+        self.assertIn(expect, r.out)
+        self.assertNotIn("\x1b", r.out)
+        self.assertNotIn("\x07", r.out)
+        self.assertIn("2 merchants", r.out)
+
     def test_channel_add_list_rotate(self):
         c = self.ok("channel", "add", "wx", "--json").json()
         self.assertEqual(c["channel"], "wx")
