@@ -22,7 +22,15 @@ struct idem_pay {
 	int two_phase;        /* two-phase requests running on threads of their own */
 	int nchannels;        /* channels known to exist (they are never removed) */
 	char channels[64][IDEM_PAY_CHANNEL_MAX + 1];
+	int has_secret_key;             /* channel secrets are sealed at rest */
+	unsigned char secret_key[32];   /* AES-256-GCM key (util/secretbox.h) */
 };
+
+/* Room for a channel secret as stored: plain, or sealed (util/secretbox.h). */
+#define PAY__STORED_SECRET_SIZE 256
+/* The secret as it is to be stored for channel: sealed when a key is set. */
+int pay__secret_seal(idem_pay *pay, const char *channel, const char *secret,
+                     char out[PAY__STORED_SECRET_SIZE]);
 
 /* ---- the cache of verified API keys (authcache.c) ---- */
 pay__authcache *pay__authcache_new(void);
