@@ -42,6 +42,12 @@ void pay__authcache_put(pay__authcache *c, const char digest[65], int64_t now,
 			const char *merchant);
 /* Drop every entry of merchant (its key was rotated here). */
 void pay__authcache_forget(pay__authcache *c, const char *merchant);
+/*
+ * Whether two 64-hex-digit key digests are equal, in time that does not
+ * depend on where they differ (CRYPTO_memcmp over all 64 bytes). The one
+ * way digests are compared (tests/security/test_constant_time.py checks).
+ */
+int pay__digest_equal(const char a[64], const char b[64]);
 
 /* Whether channel exists: from memory, else from the store (inside txn). */
 int pay__channel_exists(idem_pay *pay, idem_txn *txn, const char *name, int *exists);

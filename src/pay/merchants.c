@@ -258,7 +258,7 @@ int idem_pay_authenticate(idem_pay *pay, const char *api_key, size_t len,
 	                      p, 1, read_key_row, &row);
 	if (rc < 0)
 		return rc;
-	if (!row.found || strlen(row.digest) != 64 || CRYPTO_memcmp(digest, row.digest, 64) != 0)
+	if (!row.found || strlen(row.digest) != 64 || !pay__digest_equal(digest, row.digest))
 		return IDEM_ENOTFOUND;
 	memcpy(id_out, row.id, IDEM_PAY_ID_SIZE);
 	if (pay->auth)
