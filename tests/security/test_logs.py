@@ -9,6 +9,7 @@ the secret half, the SHA-256 digest, the raw bytes).
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -100,12 +101,22 @@ def forms(secret):
 
 
 class Logs(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        # One key for every session: with IDEM_TEST_DB_URL they share a database.
+        cls.keydir = tempfile.mkdtemp(prefix="idem-logs-key-")
+        cls.key_file = os.path.join(cls.keydir, "secret.key")
+        with open(cls.key_file, "w") as f:
+            f.write(os.urandom(32).hex() + "\n")
+        os.chmod(cls.key_file, 0o600)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.keydir, ignore_errors=True)
+
     def run_session(self, fmt):
         tmp = tempfile.mkdtemp(prefix="idem-logs-")
-        key_file = os.path.join(tmp, "secret.key")
-        with open(key_file, "w") as f:
-            f.write(os.urandom(32).hex() + "\n")
-        os.chmod(key_file, 0o600)
+        key_file = self.key_file
         srv = harness.Server(["--log-format", fmt, "--secret-key-file", key_file], tmpdir=tmp)
         # The harness's idemctl has no key: channels go through this one.
         def ctl(*args):
