@@ -47,19 +47,22 @@ static void shown_name(char *out, size_t n, const char *in)
 }
 
 /*
- * The merchant is committed: its key must reach the operator, even when the
- * JSON cannot be built (out of memory), so then it is printed as text.
+ * The key is committed: it must reach the operator, even when the JSON
+ * cannot be built (out of memory), so then it is printed as text. name NULL:
+ * a rotated key ({"merchant_id", "api_key"}).
  */
-static int print_new_merchant(const char *id, const char *name, const char *key)
+static int print_key(const char *id, const char *name, const char *key)
 {
-	json_t *obj = json_pack("{s:s, s:s, s:s}", "merchant_id", id, "name", name, "api_key", key);
+	json_t *obj = name ? json_pack("{s:s, s:s, s:s}", "merchant_id", id, "name", name,
+	                               "api_key", key)
+	                   : json_pack("{s:s, s:s}", "merchant_id", id, "api_key", key);
 	char *s = obj ? json_dumps(obj, JSON_PRESERVE_ORDER | JSON_COMPACT) : NULL;
 
 	json_decref(obj);
 	if (!s) {
-		printf("merchant %s created\napi key: %s\n", id, key);
-		fprintf(stderr, "idemctl: merchant %s created, but its JSON could not be built:"
-		                " the key is printed above as text\n", id);
+		printf("merchant %s\napi key: %s\n", id, key);
+		fprintf(stderr, "idemctl: the key of merchant %s is committed, but its JSON could not"
+		                " be built: it is printed above as text\n", id);
 		return 1;
 	}
 	printf("%s\n", s);
@@ -83,7 +86,7 @@ static int add(const cli_globals *g, int argc, char **argv)
 	if (rc < 0) {
 		rc = cli_fail("cannot add merchant", rc);
 	} else if (g->json) {
-		rc = print_new_merchant(id, argv[0], key);
+		rc = print_key(id, argv[0], key);
 	} else {
 		printf("merchant %s (%s) created\napi key: %s\n"
 		       "The key is shown only this once; only its digest is stored.\n",
@@ -167,8 +170,7 @@ static int rotate(const cli_globals *g, int argc, char **argv)
 	if (rc < 0)
 		rc = cli_fail("cannot rotate the key", rc);
 	else if (g->json)
-		rc = cli_print_json(
-		    json_pack("{s:s, s:s}", "merchant_id", argv[0], "api_key", key));
+		rc = print_key(argv[0], NULL, key);
 	else
 		printf("merchant %s has a new api key: %s\n"
 		       "The old key is revoked. The new one is shown only this once.\n",
