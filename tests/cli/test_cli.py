@@ -296,6 +296,39 @@ class TestCredentials(CliTest):
         self.assertEqual(harness.Channel(srv, "wx", n["secret"]).notify("pay_nope", 100).status,
                          404)
 
+    def test_channel_secrets_sealed_on_every_backend(self):
+        # --secret-key-file on this backend: the stored secret is sealed
+        # ("v1:..." in the column, never the secret), idemd opens it, and a
+        # plain secret written earlier is sealed by rekey.
+        key = os.path.join(self.tmp, "secret.key")
+        with open(key, "w") as f:
+            f.write(os.urandom(32).hex() + "\n")
+        os.chmod(key, 0o600)
+        plain = self.ok("channel", "add", "old", "--json").json()["secret"]
+        new = self.ok("--secret-key-file", key, "channel", "add", "wx", "--json").json()["secret"]
+        stored = dict(line.split(" ", 1) for line in self.sql(
+            "query", "SELECT name || ' ' || secret FROM channels"
+            if not self.db.startswith("mysql") else
+            "SELECT CONCAT(name, ' ', secret) FROM channels").decode().splitlines())
+        self.assertEqual(stored["old"], plain)
+        self.assertTrue(stored["wx"].startswith("v1:"), stored)
+        self.assertNotIn(new, stored["wx"])
+        srv = self.server("--secret-key-file", key)
+        m = self.merchant(srv)
+        for name, secret in (("wx", new), ("old", plain)):
+            ch = harness.Channel(srv, name, secret)
+            p = m.create_payment(name, 100)
+            self.assertEqual(ch.notify(p["id"], 100).status, 200)
+            self.assertEqual(m.payment(p["id"])["status"], "succeeded")
+        srv.stop_checked()
+        self.assertEqual(self.ok("--secret-key-file", key, "channel", "rekey", "--json")
+                         .json()["sealed"], 2)
+        for line in self.sql("query", "SELECT secret FROM channels").decode().splitlines():
+            self.assertTrue(line.startswith("v1:"), line)
+        self.bad(1, "channel", "rotate-secret", "wx")       # no key: refused
+        self.bad(2, "channel", "rekey")
+        self.bad(2, "--secret-key-file", key, "channel", "rekey", "--bogus")
+
     def test_channel_bad_input(self):
         self.ok("channel", "add", "wx")
         self.bad(1, "channel", "add", "wx")          # exists
