@@ -193,6 +193,38 @@ class SecretsAtRest(unittest.TestCase):
         rc, _o, err = self.ctl("channel", "rekey")
         self.assertEqual(rc, 2, err)             # needs the current key
 
+    def test_key_from_the_environment(self):
+        # IDEM_SECRET_KEY_FILE for both binaries; --help names the flag.
+        env = dict(os.environ, IDEM_SECRET_KEY_FILE=self.key)
+        p = subprocess.run([harness.idemctl_path(), "--db", self.url, "channel", "add", "envch",
+                            "--json"], capture_output=True, timeout=60, env=env)
+        self.assertEqual(p.returncode, 0, p)
+        secret = json.loads(p.stdout)["secret"]
+        self.assertTrue(self.stored()["envch"].startswith("v1:"))
+        self.assertNotInFile(secret)
+        for binary in (harness.idemd_path(), harness.idemctl_path()):
+            p = subprocess.run([binary, "--help"], capture_output=True, timeout=10)
+            self.assertEqual(p.returncode, 0)
+            self.assertIn(b"--secret-key-file", p.stdout)
+        # idemd takes the same variable (its help names it).
+        p = subprocess.run([harness.idemd_path(), "--help"], capture_output=True, timeout=10)
+        self.assertIn(b"IDEM_SECRET_KEY_FILE", p.stdout)
+        srv = harness.Server([], db_url=self.url, tmpdir=tempfile.mkdtemp(dir=self.tmp))
+        self.servers.append(srv)
+        old = os.environ.get("IDEM_SECRET_KEY_FILE")
+        os.environ["IDEM_SECRET_KEY_FILE"] = self.key
+        try:
+            srv.start()
+        finally:
+            if old is None:
+                del os.environ["IDEM_SECRET_KEY_FILE"]
+            else:
+                os.environ["IDEM_SECRET_KEY_FILE"] = old
+        try:
+            self.pay_once(srv, harness.Channel(srv, "envch", secret))
+        finally:
+            srv.stop_checked()
+
     def test_sealed_secret_is_bound_to_its_channel(self):
         # The channel name is the associated data: a sealed value copied to
         # another channel's row does not open there.
