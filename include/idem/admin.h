@@ -53,6 +53,17 @@ IDEM_EXTERN int idem_admin_channel_list(idem_pay *pay, idem_admin_entry_fn fn, v
 IDEM_EXTERN int idem_admin_channel_rotate_secret(idem_pay *pay, const char *channel,
 						 char secret_out[IDEM_PAY_SECRET_SIZE]);
 
+/*
+ * Seal every channel secret again in one transaction: plain ones and ones
+ * sealed with the current key (idem_pay_set_secret_key) are sealed with
+ * new_key (NULL: the current key, which encrypts plain secrets in place),
+ * which then becomes the handle's key. changed_out (may be NULL): rows
+ * written. IDEM_EINVAL without a current key, or when a secret does not
+ * open with it.
+ */
+IDEM_EXTERN int idem_admin_channel_rekey(idem_pay *pay, const unsigned char *new_key,
+					 int64_t *changed_out);
+
 /* ---- purge -------------------------------------------------------------- */
 
 /*

@@ -58,11 +58,30 @@ IDEM_EXTERN int idem_pay_merchant_add(idem_pay *pay, const char *name,
 
 /*
  * Create a channel named name (1..32 of [a-z0-9_-]); secret_out receives its
- * signing secret. The secret itself is stored: verifying an HMAC needs it.
+ * signing secret. The secret itself is stored (verifying an HMAC needs it):
+ * sealed when a secret key is set (idem_pay_set_secret_key), else as is.
  * Returns 0; IDEM_EINVAL for a bad name; IDEM_ECONFLICT when it exists.
  */
 IDEM_EXTERN int idem_pay_channel_add(idem_pay *pay, const char *name,
 				     char secret_out[IDEM_PAY_SECRET_SIZE]);
+
+/*
+ * Keep channel secrets sealed at rest with key (32 bytes; AES-256-GCM, the
+ * channel name as associated data): secrets written from now on are sealed,
+ * sealed ones are opened with it, plain ones (written before) still verify.
+ * The key is checked against a stored sealed secret: IDEM_EINVAL when it
+ * does not open it (a wrong key). key NULL: no key, and IDEM_EINVAL when a
+ * secret is sealed (one is needed). The key is copied.
+ */
+IDEM_EXTERN int idem_pay_set_secret_key(idem_pay *pay, const unsigned char key[32]);
+
+/*
+ * Read a secret key file: 32 bytes, or 64 hex digits and an optional newline
+ * (`openssl rand -hex 32 > key`). IDEM_EINVAL, with a message naming the
+ * file, when it is unreadable, malformed, not a regular file, or open to its
+ * group or others (it must be chmod 600 or stricter).
+ */
+IDEM_EXTERN int idem_pay_secret_key_read(const char *path, unsigned char key[32]);
 
 /* Number of merchants (for a first-run check). */
 IDEM_EXTERN int idem_pay_merchant_count(idem_pay *pay, int64_t *out);

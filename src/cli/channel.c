@@ -2,9 +2,38 @@
  * cli/channel.c: `idemctl channel add|list|rotate-secret`. A signing secret
  * is printed once, when it is made; list never shows one.
  */
+#include <openssl/crypto.h>
 #include <stdlib.h>
 
 #include "cli/cli.h"
+
+/* ---- secrets at rest (--secret-key-file) ---- */
+
+int cli_use_secret_key(idem_pay *pay, const char *path)
+{
+	unsigned char key[32];
+	int rc;
+
+	if ((rc = idem_pay_secret_key_read(path, key)) == 0)
+		rc = idem_pay_set_secret_key(pay, key);
+	OPENSSL_cleanse(key, sizeof(key));
+	return rc;
+}
+
+/*
+ * Before writing a secret without a key: refuse when the stored ones are
+ * sealed (a plain secret among them would be the one left readable).
+ */
+static int check_no_key_needed(const cli_globals *g, idem_pay *pay)
+{
+	int rc;
+
+	if (g->secret_key_file && *g->secret_key_file)
+		return 0;
+	if ((rc = idem_pay_set_secret_key(pay, NULL)) < 0)
+		return cli_fail("cannot write a channel secret", rc);
+	return 0;
+}
 
 static int add(const cli_globals *g, int argc, char **argv)
 {
@@ -17,6 +46,10 @@ static int add(const cli_globals *g, int argc, char **argv)
 		return cli_usage_error("channel add takes one NAME");
 	if ((rc = cli_open(g, &store, &pay)) != 0)
 		return rc;
+	if ((rc = check_no_key_needed(g, pay)) != 0) {
+		cli_close(store, pay);
+		return rc;
+	}
 	rc = idem_pay_channel_add(pay, argv[0], secret);
 	if (rc < 0)
 		rc = cli_fail("cannot add channel", rc);
@@ -97,6 +130,10 @@ static int rotate(const cli_globals *g, int argc, char **argv)
 		return cli_usage_error("channel rotate-secret takes one NAME");
 	if ((rc = cli_open(g, &store, &pay)) != 0)
 		return rc;
+	if ((rc = check_no_key_needed(g, pay)) != 0) {
+		cli_close(store, pay);
+		return rc;
+	}
 	rc = idem_admin_channel_rotate_secret(pay, argv[0], secret);
 	if (rc < 0)
 		rc = cli_fail("cannot rotate the secret", rc);
@@ -139,4 +176,56 @@ const cli_command cli_channel_rotate_secret = {
 	"--json prints {\"channel\", \"secret\"}.\n\n"
 	"example:\n  idemctl --db sqlite:var/idem.db channel rotate-secret wechat\n",
 	rotate,
+};
+
+/* `channel rekey [--new-secret-key-file PATH]`: seal every secret (again). */
+static int rekey(const cli_globals *g, int argc, char **argv)
+{
+	idem_store *store = NULL;
+	idem_pay *pay = NULL;
+	const char *new_path = NULL;
+	unsigned char key[32];
+	int64_t changed = 0;
+	int rc, missing = 0;
+
+	for (int i = 0; i < argc; i++) {
+		const char *v = cli_opt_value(argc, argv, &i, "--new-secret-key-file", &missing);
+
+		if (missing || !v || !*v)
+			return cli_usage_error(missing ? "--new-secret-key-file needs a PATH"
+			                               : "channel rekey takes only --new-secret-key-file");
+		new_path = v;
+	}
+	if (!g->secret_key_file || !*g->secret_key_file)
+		return cli_usage_error("channel rekey needs --secret-key-file (the current key)");
+	if (new_path && (rc = idem_pay_secret_key_read(new_path, key)) < 0)
+		return cli_fail("cannot read the new secret key", rc);
+	if ((rc = cli_open(g, &store, &pay)) != 0) {
+		OPENSSL_cleanse(key, sizeof(key));
+		return rc;
+	}
+	rc = idem_admin_channel_rekey(pay, new_path ? key : NULL, &changed);
+	OPENSSL_cleanse(key, sizeof(key));
+	if (rc < 0)
+		rc = cli_fail("cannot rekey the channel secrets", rc);
+	else if (g->json)
+		rc = cli_print_json(json_pack("{s:I}", "sealed", (json_int_t)changed));
+	else
+		printf("%lld channel secret%s sealed%s\n", (long long)changed, changed == 1 ? "" : "s",
+		       new_path ? " with the new key: use it from now on" : "");
+	cli_close(store, pay);
+	return rc;
+}
+
+const cli_command cli_channel_rekey = {
+	"channel rekey",
+	"seal every channel secret with the secret key (or a new one)",
+	"channel rekey [--new-secret-key-file PATH] [--json]\n\n"
+	"With --secret-key-file KEY, seals every channel secret stored in plain text\n"
+	"(written before a key was used) with KEY. With --new-secret-key-file NEW, also\n"
+	"opens the sealed ones with KEY and seals all of them with NEW, in one\n"
+	"transaction; then start idemd with NEW. Secrets themselves do not change.\n"
+	"--json prints {\"sealed\": N}.\n\n"
+	"example:\n  idemctl --db sqlite:var/idem.db --secret-key-file /etc/idem/key channel rekey\n",
+	rekey,
 };

@@ -20,6 +20,7 @@
 typedef struct {
 	const char *db;  /* --db URL or IDEM_DB */
 	int json;        /* --json */
+	const char *secret_key_file; /* --secret-key-file PATH or IDEM_SECRET_KEY_FILE */
 } cli_globals;
 
 typedef struct {
@@ -31,6 +32,7 @@ typedef struct {
 
 extern const cli_command cli_migrate, cli_merchant_add, cli_merchant_list,
     cli_merchant_rotate_key, cli_channel_add, cli_channel_list, cli_channel_rotate_secret,
+    cli_channel_rekey,
     cli_purge, cli_stats, cli_inspect, cli_recon_import, cli_demo;
 
 /* Open the store and the payment domain; prints a one-line error on failure
@@ -40,6 +42,8 @@ int cli_open(const cli_globals *g, idem_store **store, idem_pay **pay);
 int cli_open_opts(const cli_globals *g, const idem_store_opts *opts, idem_store **store,
 		  idem_pay **pay);
 void cli_close(idem_store *store, idem_pay *pay);
+/* Read the key file and give it to pay (checked against the stored secrets). */
+int cli_use_secret_key(idem_pay *pay, const char *path);
 /* Print "idemctl: what: <idem error>" and return 1. */
 int cli_fail(const char *what, int rc);
 /* Print "idemctl: <message> (see --help)" and return EXIT_USAGE. */

@@ -17,6 +17,7 @@ static const cli_command *const commands[] = {
 	&cli_channel_add,
 	&cli_channel_list,
 	&cli_channel_rotate_secret,
+	&cli_channel_rekey,
 	&cli_purge,
 	&cli_stats,
 	&cli_inspect,
@@ -31,9 +32,10 @@ static const char exit_codes[] =
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: idemctl [--db URL] [--json] COMMAND [ARGS]\n\n"
+	fprintf(f, "usage: idemctl [--db URL] [--json] [--secret-key-file PATH] COMMAND [ARGS]\n\n"
 		   "Operates an idem store. --db defaults to $IDEM_DB; --json prints one JSON\n"
-		   "object for scripts.\n\ncommands:\n");
+		   "object for scripts; --secret-key-file (default $IDEM_SECRET_KEY_FILE) is the\n"
+		   "key channel secrets are sealed with at rest, as idemd's.\n\ncommands:\n");
 	for (size_t i = 0; i < NCOMMANDS; i++)
 		fprintf(f, "  %-22s %s\n", commands[i]->name, commands[i]->summary);
 	fprintf(f, "\n'idemctl COMMAND --help' shows a command's options and an example.\n%s",
@@ -73,6 +75,14 @@ int cli_open_opts(const cli_globals *g, const idem_store_opts *opts, idem_store 
 		idem_store_close(*store);
 		*store = NULL;
 		return cli_fail("cannot start", rc);
+	}
+	if (g->secret_key_file && *g->secret_key_file &&
+	    (rc = cli_use_secret_key(*pay, g->secret_key_file)) < 0) {
+		rc = cli_fail("cannot use the secret key", rc);
+		cli_close(*store, *pay);
+		*store = NULL;
+		*pay = NULL;
+		return rc;
 	}
 	return 0;
 }
@@ -158,7 +168,7 @@ static int unknown_command(int argc, char **argv, int i)
 
 int main(int argc, char **argv)
 {
-	cli_globals g = {getenv("IDEM_DB"), 0};
+	cli_globals g = {getenv("IDEM_DB"), 0, getenv("IDEM_SECRET_KEY_FILE")};
 	int i = 1;
 
 	/* Global options come before the command, and may also follow it. */
@@ -169,6 +179,10 @@ int main(int argc, char **argv)
 			g.db = argv[i] + 5;
 		} else if (strcmp(argv[i], "--json") == 0) {
 			g.json = 1;
+		} else if (strcmp(argv[i], "--secret-key-file") == 0 && i + 1 < argc) {
+			g.secret_key_file = argv[++i];
+		} else if (strncmp(argv[i], "--secret-key-file=", 18) == 0) {
+			g.secret_key_file = argv[i] + 18;
 		} else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
 			usage(stdout);
 			return 0;
@@ -197,6 +211,10 @@ int main(int argc, char **argv)
 				g.db = argv[++j];
 			} else if (strncmp(argv[j], "--db=", 5) == 0) {
 				g.db = argv[j] + 5;
+			} else if (strcmp(argv[j], "--secret-key-file") == 0 && j + 1 < argc) {
+				g.secret_key_file = argv[++j];
+			} else if (strncmp(argv[j], "--secret-key-file=", 18) == 0) {
+				g.secret_key_file = argv[j] + 18;
 			} else if (strcmp(argv[j], "--help") == 0 || strcmp(argv[j], "-h") == 0) {
 				printf("usage: idemctl [--db URL] %s\n%s", commands[c]->usage,
 				       exit_codes);

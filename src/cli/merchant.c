@@ -3,9 +3,72 @@
  * printed once, when it is made; only its digest is stored, and list never
  * shows key material.
  */
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cli/cli.h"
+
+/*
+ * A stored name as it may be shown on a terminal and in JSON: well-formed
+ * UTF-8 is kept, control characters and bytes that are not UTF-8 become
+ * "\xNN" (an old database may hold such a name: listing must not fail on
+ * it, nor send raw escapes to a terminal). out has room for n bytes.
+ */
+static void shown_name(char *out, size_t n, const char *in)
+{
+	const unsigned char *s = (const unsigned char *)in;
+	size_t len = strlen(in), o = 0;
+
+	for (size_t i = 0; i < len && o + 5 <= n;) {
+		size_t k = s[i] < 0x80 ? 1 : s[i] >= 0xc2 && s[i] <= 0xdf ? 2
+		         : s[i] >= 0xe0 && s[i] <= 0xef ? 3 : s[i] >= 0xf0 && s[i] <= 0xf4 ? 4 : 0;
+		uint32_t cp = k == 1 ? s[i] : k ? s[i] & (0x7fu >> k) : 0;
+		int ok = k > 0 && i + k <= len;
+
+		for (size_t j = 1; ok && j < k; j++) {
+			ok = (s[i + j] & 0xc0) == 0x80;
+			cp = cp << 6 | (s[i + j] & 0x3f);
+		}
+		if (ok)
+			ok = !(k == 3 && cp < 0x800) && !(k == 4 && (cp < 0x10000 || cp > 0x10ffff)) &&
+			     !(cp >= 0xd800 && cp <= 0xdfff) && cp >= 0x20 && !(cp >= 0x7f && cp < 0xa0);
+		if (ok) {
+			memcpy(out + o, s + i, k);
+			o += k;
+			i += k;
+		} else {
+			snprintf(out + o, n - o, "\\x%02X", s[i]);
+			o += 4;
+			i++;
+		}
+	}
+	out[o] = '\0';
+}
+
+/*
+ * The key is committed: it must reach the operator, even when the JSON
+ * cannot be built (out of memory), so then it is printed as text. name NULL:
+ * a rotated key ({"merchant_id", "api_key"}).
+ */
+static int print_key(const char *id, const char *name, const char *key)
+{
+	json_t *obj = name ? json_pack("{s:s, s:s, s:s}", "merchant_id", id, "name", name,
+	                               "api_key", key)
+	                   : json_pack("{s:s, s:s}", "merchant_id", id, "api_key", key);
+	char *s = obj ? json_dumps(obj, JSON_PRESERVE_ORDER | JSON_COMPACT) : NULL;
+
+	json_decref(obj);
+	if (!s) {
+		printf("merchant %s\napi key: %s\n", id, key);
+		fprintf(stderr, "idemctl: the key of merchant %s is committed, but its JSON could not"
+		                " be built: it is printed above as text\n", id);
+		return 1;
+	}
+	printf("%s\n", s);
+	free(s);
+	return 0;
+}
 
 static int add(const cli_globals *g, int argc, char **argv)
 {
@@ -18,12 +81,12 @@ static int add(const cli_globals *g, int argc, char **argv)
 		return cli_usage_error("merchant add takes one NAME");
 	if ((rc = cli_open(g, &store, &pay)) != 0)
 		return rc;
+	/* The library checks the name before it writes anything. */
 	rc = idem_pay_merchant_add(pay, argv[0], id, key);
 	if (rc < 0) {
 		rc = cli_fail("cannot add merchant", rc);
 	} else if (g->json) {
-		rc = cli_print_json(json_pack("{s:s, s:s, s:s}", "merchant_id", id, "name", argv[0],
-					      "api_key", key));
+		rc = print_key(id, argv[0], key);
 	} else {
 		printf("merchant %s (%s) created\napi key: %s\n"
 		       "The key is shown only this once; only its digest is stored.\n",
@@ -42,17 +105,19 @@ typedef struct {
 static int list_entry(void *ctx, const idem_admin_entry *e)
 {
 	list_ctx *l = ctx;
-	char when[32];
+	char when[32], id[4 * 64 + 1], name[4 * 256 + 1];
 
 	cli_time(when, e->created_at_ms);
+	shown_name(id, sizeof(id), e->id);
+	shown_name(name, sizeof(name), e->name);
 	l->n++;
 	if (l->json)
 		return json_array_append_new(l->list, json_pack("{s:s, s:s, s:s}", "merchant_id",
-								e->id, "name", e->name,
+								id, "name", name,
 								"created_at", when)) < 0
 			   ? IDEM_ENOMEM
 			   : 0;
-	printf("%-36s  %-24s  %s\n", e->id, when, e->name);
+	printf("%-36s  %-24s  %s\n", id, when, name);
 	return 0;
 }
 
@@ -105,8 +170,7 @@ static int rotate(const cli_globals *g, int argc, char **argv)
 	if (rc < 0)
 		rc = cli_fail("cannot rotate the key", rc);
 	else if (g->json)
-		rc = cli_print_json(
-		    json_pack("{s:s, s:s}", "merchant_id", argv[0], "api_key", key));
+		rc = print_key(argv[0], NULL, key);
 	else
 		printf("merchant %s has a new api key: %s\n"
 		       "The old key is revoked. The new one is shown only this once.\n",

@@ -116,6 +116,7 @@ done:
 int idem_admin_channel_rotate_secret(idem_pay *pay, const char *channel,
                                      char secret_out[IDEM_PAY_SECRET_SIZE])
 {
+	char stored[PAY__STORED_SECRET_SIZE] = "";
 	update_one u = {0};
 	int rc;
 
@@ -124,12 +125,16 @@ int idem_admin_channel_rotate_secret(idem_pay *pay, const char *channel,
 		return idem__error(IDEM_ENOTFOUND, "no such channel");
 	if ((rc = idem__rand_hex(secret_out, 32)) < 0)
 		return rc;
+	if ((rc = pay__secret_seal(pay, channel, secret_out, stored)) < 0)
+		goto done;
 	u.sql = "UPDATE channels SET secret = ? WHERE name = ?";
-	u.p[0] = IDEM_V_TEXT(secret_out);
+	u.p[0] = IDEM_V_TEXT(stored);
 	u.p[1] = IDEM_V_TEXT(channel);
 	u.n = 2;
 	if ((rc = idem_store_transact(pay->store, run_update, &u)) == 0 && u.changed != 1)
 		rc = idem__error(IDEM_ENOTFOUND, "no channel '%s'", channel);
+done:
+	OPENSSL_cleanse(stored, sizeof(stored));
 	if (rc < 0) {
 		OPENSSL_cleanse(secret_out, IDEM_PAY_SECRET_SIZE);
 		secret_out[0] = '\0';

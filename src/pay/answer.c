@@ -40,6 +40,7 @@ static const char *title_of(const char *code)
 	    {"payment_not_refundable", "Payment not refundable"},
 	    {"refund_exceeds_payment", "Refund exceeds payment"},
 	    {"insufficient_balance", "Insufficient balance"},
+	    {"balance_overflow", "Balance overflow"},
 	    {"payload_too_large", "Payload too large"},
 	    {"unsupported_media_type", "Unsupported media type"},
 	    {"idempotency_key_reused", "Idempotency key reused"},

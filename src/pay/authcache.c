@@ -49,6 +49,11 @@ void pay__authcache_free(pay__authcache *c)
 	free(c);
 }
 
+int pay__digest_equal(const char a[64], const char b[64])
+{
+	return CRYPTO_memcmp(a, b, 64) == 0;
+}
+
 static unsigned slot_of(const char *digest)
 {
 	unsigned v = 0;
@@ -68,7 +73,7 @@ int pay__authcache_get(pay__authcache *c, const char digest[65], int64_t now,
 	int hit;
 
 	pthread_mutex_lock(lock);
-	hit = s->until > now && CRYPTO_memcmp(s->digest, digest, 64) == 0;
+	hit = s->until > now && pay__digest_equal(s->digest, digest);
 	if (hit)
 		memcpy(merchant, s->merchant, IDEM_PAY_ID_SIZE);
 	pthread_mutex_unlock(lock);

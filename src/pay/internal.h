@@ -22,7 +22,15 @@ struct idem_pay {
 	int two_phase;        /* two-phase requests running on threads of their own */
 	int nchannels;        /* channels known to exist (they are never removed) */
 	char channels[64][IDEM_PAY_CHANNEL_MAX + 1];
+	int has_secret_key;             /* channel secrets are sealed at rest */
+	unsigned char secret_key[32];   /* AES-256-GCM key (util/secretbox.h) */
 };
+
+/* Room for a channel secret as stored: plain, or sealed (util/secretbox.h). */
+#define PAY__STORED_SECRET_SIZE 256
+/* The secret as it is to be stored for channel: sealed when a key is set. */
+int pay__secret_seal(idem_pay *pay, const char *channel, const char *secret,
+                     char out[PAY__STORED_SECRET_SIZE]);
 
 /* ---- the cache of verified API keys (authcache.c) ---- */
 pay__authcache *pay__authcache_new(void);
@@ -34,6 +42,12 @@ void pay__authcache_put(pay__authcache *c, const char digest[65], int64_t now,
 			const char *merchant);
 /* Drop every entry of merchant (its key was rotated here). */
 void pay__authcache_forget(pay__authcache *c, const char *merchant);
+/*
+ * Whether two 64-hex-digit key digests are equal, in time that does not
+ * depend on where they differ (CRYPTO_memcmp over all 64 bytes). The one
+ * way digests are compared (tests/security/test_constant_time.py checks).
+ */
+int pay__digest_equal(const char a[64], const char b[64]);
 
 /* Whether channel exists: from memory, else from the store (inside txn). */
 int pay__channel_exists(idem_pay *pay, idem_txn *txn, const char *name, int *exists);
@@ -98,6 +112,16 @@ void pay__time(char out[32], int64_t ms);
 int pay__lock_merchant(idem_txn *txn, const char *merchant, int64_t now);
 /* The merchant's balance in currency (0 when none). Call under the lock. */
 int pay__balance(idem_txn *txn, const char *merchant, const char *currency, int64_t *out);
+/*
+ * Whether crediting amount keeps the balance within int64 (*fits 1), under
+ * the lock: ask before the unit writes anything, and answer a refusal with
+ * pay__overflow_problem. pay__post refuses a credit that does not fit with
+ * IDEM_ECONSTRAINT (a unit that skipped the check fails, nothing is kept).
+ */
+int pay__credit_fits(idem_txn *txn, const char *merchant, const char *currency, int64_t amount,
+                     int *fits);
+/* The stored answer for a refused credit: 409 balance_overflow. */
+int pay__overflow_problem(idem_response *resp);
 /* Post amount (signed) to the balance and the ledger, under the lock. */
 int pay__post(idem_txn *txn, const char *merchant, const char *currency, int64_t amount,
               const char *kind, const char *ref, int64_t now);

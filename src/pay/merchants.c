@@ -5,18 +5,25 @@
  * An API key is "sk_<key id>_<secret>". Only the key id (for the lookup) and
  * the SHA-256 digest of the whole key are stored; the presented key's digest
  * is compared with CRYPTO_memcmp, so timing says nothing about how much of a
- * guess was right. A channel's secret is stored as is: checking an HMAC
- * needs the key itself. Secrets are never put in error messages.
+ * guess was right. A channel's secret must be kept itself (checking an
+ * HMAC needs it): as is, or sealed with AES-256-GCM under the operator's
+ * secret key (idem_pay_set_secret_key; the channel name is the associated
+ * data). Plain secrets from before a key was set are still read, and
+ * idem_admin_channel_rekey seals them. Secrets are never put in error
+ * messages.
  */
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "pay/internal.h"
+#include "idem/admin.h"
 #include "util/error.h"
 #include "util/rand.h"
+#include "util/secretbox.h"
 
 #define KEY_ID_HEX     16
 #define KEY_SECRET_HEX 48
@@ -60,6 +67,7 @@ void idem_pay_close(idem_pay *pay)
 		pthread_cond_wait(&pay->idle, &pay->channels_lock);
 	pthread_mutex_unlock(&pay->channels_lock);
 	pay__authcache_free(pay->auth);
+	OPENSSL_cleanse(pay->secret_key, sizeof(pay->secret_key));
 	pthread_cond_destroy(&pay->idle);
 	pthread_mutex_destroy(&pay->channels_lock);
 	free(pay);
@@ -94,15 +102,44 @@ static int insert_merchant(idem_txn *txn, void *ctx)
 	                     p, 5, NULL);
 }
 
+/*
+ * Length of the well-formed UTF-8 sequence at s (at most n bytes) and its
+ * code point, or 0: no overlong forms, no surrogates, nothing past U+10FFFF.
+ */
+static size_t utf8_seq(const unsigned char *s, size_t n, uint32_t *cp)
+{
+	static const uint32_t min[5] = {0, 0, 0x80, 0x800, 0x10000};
+	size_t len = s[0] < 0x80 ? 1 : s[0] >= 0xc2 && s[0] <= 0xdf ? 2
+	           : s[0] >= 0xe0 && s[0] <= 0xef ? 3 : s[0] >= 0xf0 && s[0] <= 0xf4 ? 4 : 0;
+	uint32_t v;
+
+	if (len == 0 || len > n)
+		return 0;
+	v = len == 1 ? s[0] : s[0] & (0x7f >> len);
+	for (size_t i = 1; i < len; i++) {
+		if ((s[i] & 0xc0) != 0x80)
+			return 0;
+		v = v << 6 | (s[i] & 0x3f);
+	}
+	if (v < min[len] || v > 0x10ffff || (v >= 0xd800 && v <= 0xdfff))
+		return 0;
+	*cp = v;
+	return len;
+}
+
+/* 1..100 bytes of well-formed UTF-8 without control characters (C0, DEL, C1). */
 static int valid_name(const char *name)
 {
-	size_t n = name ? strlen(name) : 0;
+	const unsigned char *s = (const unsigned char *)name;
+	size_t n = name ? strlen(name) : 0, len;
+	uint32_t cp = 0;
 
 	if (n == 0 || n > 100)
 		return 0;
-	for (size_t i = 0; i < n; i++)
-		if ((unsigned char)name[i] < 0x20 || name[i] == 0x7f)
+	for (size_t i = 0; i < n; i += len) {
+		if (!(len = utf8_seq(s + i, n - i, &cp)) || cp < 0x20 || (cp >= 0x7f && cp < 0xa0))
 			return 0;
+	}
 	return 1;
 }
 
@@ -115,7 +152,8 @@ int idem_pay_merchant_add(idem_pay *pay, const char *name, char id_out[IDEM_PAY_
 
 	id_out[0] = key_out[0] = '\0';
 	if (!valid_name(name))
-		return idem__error(IDEM_EINVAL, "merchant name must be 1..100 printable bytes");
+		return idem__error(IDEM_EINVAL, "merchant name must be 1..100 bytes of UTF-8 without"
+		                                " control characters");
 	m.name = name;
 	m.now = pay__now(pay);
 	if ((rc = pay__new_id(m.id, "m_")) < 0 ||
@@ -151,7 +189,8 @@ static int insert_channel(idem_txn *txn, void *ctx)
 
 int idem_pay_channel_add(idem_pay *pay, const char *name, char secret_out[IDEM_PAY_SECRET_SIZE])
 {
-	channel_new c = {name, secret_out, pay__now(pay)};
+	char stored[PAY__STORED_SECRET_SIZE];
+	channel_new c = {name, stored, pay__now(pay)};
 	int rc;
 
 	secret_out[0] = '\0';
@@ -160,7 +199,9 @@ int idem_pay_channel_add(idem_pay *pay, const char *name, char secret_out[IDEM_P
 		                   IDEM_PAY_CHANNEL_MAX);
 	if ((rc = idem__rand_hex(secret_out, 32)) < 0)
 		return rc;
-	rc = idem_store_transact(pay->store, insert_channel, &c);
+	if ((rc = pay__secret_seal(pay, name, secret_out, stored)) == 0)
+		rc = idem_store_transact(pay->store, insert_channel, &c);
+	OPENSSL_cleanse(stored, sizeof(stored));
 	if (rc == IDEM_ECONFLICT)
 		rc = idem__error(IDEM_ECONFLICT, "channel '%s' already exists", name);
 	if (rc < 0) {
@@ -217,7 +258,7 @@ int idem_pay_authenticate(idem_pay *pay, const char *api_key, size_t len,
 	                      p, 1, read_key_row, &row);
 	if (rc < 0)
 		return rc;
-	if (!row.found || strlen(row.digest) != 64 || CRYPTO_memcmp(digest, row.digest, 64) != 0)
+	if (!row.found || strlen(row.digest) != 64 || !pay__digest_equal(digest, row.digest))
 		return IDEM_ENOTFOUND;
 	memcpy(id_out, row.id, IDEM_PAY_ID_SIZE);
 	if (pay->auth)
@@ -229,8 +270,171 @@ static int read_secret(void *ctx, const idem_value *cols, int n)
 {
 	if (n != 1)
 		return idem__error(IDEM_ESTORE, "channel row has %d columns", n);
-	pay__col_text(ctx, IDEM_PAY_SECRET_SIZE, &cols[0]);
+	pay__col_text(ctx, PAY__STORED_SECRET_SIZE, &cols[0]);
 	return 1;
+}
+
+int pay__secret_seal(idem_pay *pay, const char *channel, const char *secret,
+                     char out[PAY__STORED_SECRET_SIZE])
+{
+	if (!pay->has_secret_key) {
+		snprintf(out, PAY__STORED_SECRET_SIZE, "%s", secret);
+		return 0;
+	}
+	return idem__secretbox_seal(pay->secret_key, channel, secret, strlen(secret), out,
+	                            PAY__STORED_SECRET_SIZE);
+}
+
+/* The secret from its stored form (plain, or sealed under key). */
+static int secret_open(const unsigned char *key, const char *channel, const char *stored,
+                       char out[IDEM_PAY_SECRET_SIZE])
+{
+	size_t n = 0;
+
+	if (!idem__secretbox_is_sealed(stored)) {
+		snprintf(out, IDEM_PAY_SECRET_SIZE, "%s", stored);
+		return 0;
+	}
+	if (!key)
+		return idem__error(IDEM_EINVAL, "channel secrets are encrypted at rest: the secret key"
+		                                " is required (--secret-key-file)");
+	return idem__secretbox_open(key, channel, stored, out, IDEM_PAY_SECRET_SIZE, &n);
+}
+
+int idem_pay_secret_key_read(const char *path, unsigned char key[32])
+{
+	return idem__secretbox_read_key(path, key);
+}
+
+typedef struct {
+	char name[IDEM_PAY_CHANNEL_MAX + 1];
+	char stored[PAY__STORED_SECRET_SIZE];
+	int found;
+} sealed_row;
+
+static int read_sealed_row(void *ctx, const idem_value *cols, int n)
+{
+	sealed_row *r = ctx;
+
+	if (n != 2)
+		return idem__error(IDEM_ESTORE, "channel row has %d columns", n);
+	pay__col_text(r->name, sizeof(r->name), &cols[0]);
+	pay__col_text(r->stored, sizeof(r->stored), &cols[1]);
+	r->found = 1;
+	return 1;
+}
+
+int idem_pay_set_secret_key(idem_pay *pay, const unsigned char key[32])
+{
+	char plain[IDEM_PAY_SECRET_SIZE];
+	sealed_row row = {"", "", 0};
+	int rc;
+
+	/* A sealed secret, if any, says whether this is the key they were sealed with. */
+	rc = idem_store_query(pay->store,
+	                      "SELECT name, secret FROM channels WHERE secret LIKE 'v1:%'"
+	                      " ORDER BY name LIMIT 1",
+	                      NULL, 0, read_sealed_row, &row);
+	if (rc < 0)
+		goto done;
+	if (row.found && (rc = secret_open(key, row.name, row.stored, plain)) < 0)
+		goto done;
+	pay->has_secret_key = key != NULL;
+	if (key)
+		memcpy(pay->secret_key, key, sizeof(pay->secret_key));
+	else
+		OPENSSL_cleanse(pay->secret_key, sizeof(pay->secret_key));
+done:
+	OPENSSL_cleanse(plain, sizeof(plain));
+	OPENSSL_cleanse(&row, sizeof(row));
+	return rc;
+}
+
+typedef struct {
+	idem_pay *pay;
+	const unsigned char *from; /* the key the secrets are sealed with now (NULL: none) */
+	const unsigned char *to;   /* the key to seal them with */
+	int64_t changed;
+	int n, cap;
+	sealed_row *rows;
+} rekey_ctx;
+
+static int collect_row(void *ctx, const idem_value *cols, int n)
+{
+	rekey_ctx *k = ctx;
+
+	if (n != 2)
+		return idem__error(IDEM_ESTORE, "channel row has %d columns", n);
+	if (k->n == k->cap) {
+		int cap = k->cap ? 2 * k->cap : 16;
+		sealed_row *rows = realloc(k->rows, (size_t)cap * sizeof(*rows));
+
+		if (!rows)
+			return idem__error(IDEM_ENOMEM, "out of memory");
+		k->rows = rows;
+		k->cap = cap;
+	}
+	pay__col_text(k->rows[k->n].name, sizeof(k->rows[0].name), &cols[0]);
+	pay__col_text(k->rows[k->n].stored, sizeof(k->rows[0].stored), &cols[1]);
+	k->n++;
+	return 0;
+}
+
+static int rekey_txn(idem_txn *txn, void *ctx)
+{
+	rekey_ctx *k = ctx;
+	char plain[IDEM_PAY_SECRET_SIZE], sealed[PAY__STORED_SECRET_SIZE];
+	int rc;
+
+	k->n = 0;
+	k->changed = 0;
+	if ((rc = idem_txn_query(txn, "SELECT name, secret FROM channels ORDER BY name", NULL, 0,
+	                         collect_row, k)) < 0)
+		return rc;
+	for (int i = 0; i < k->n && rc == 0; i++) {
+		sealed_row *r = &k->rows[i];
+
+		if ((rc = secret_open(k->from, r->name, r->stored, plain)) < 0 ||
+		    (rc = idem__secretbox_seal(k->to, r->name, plain, strlen(plain), sealed,
+		                               sizeof(sealed))) < 0)
+			break;
+		{
+			idem_value p[2] = {IDEM_V_TEXT(sealed), IDEM_V_TEXT(r->name)};
+
+			rc = idem_txn_exec(txn, "UPDATE channels SET secret = ? WHERE name = ?", p, 2,
+			                   NULL);
+		}
+		if (rc == 0)
+			k->changed++;
+	}
+	OPENSSL_cleanse(plain, sizeof(plain));
+	OPENSSL_cleanse(sealed, sizeof(sealed));
+	return rc;
+}
+
+int idem_admin_channel_rekey(idem_pay *pay, const unsigned char *new_key, int64_t *changed_out)
+{
+	rekey_ctx k = {pay, NULL, NULL, 0, 0, 0, NULL};
+	int rc;
+
+	if (changed_out)
+		*changed_out = 0;
+	if (!pay->has_secret_key)
+		return idem__error(IDEM_EINVAL, "rekey needs the current secret key (--secret-key-file)");
+	k.from = pay->secret_key;
+	k.to = new_key ? new_key : pay->secret_key;
+	rc = idem_store_transact(pay->store, rekey_txn, &k);
+	if (k.rows) {
+		OPENSSL_cleanse(k.rows, (size_t)k.cap * sizeof(*k.rows));
+		free(k.rows);
+	}
+	if (rc < 0)
+		return rc;
+	if (new_key)
+		memcpy(pay->secret_key, new_key, sizeof(pay->secret_key));
+	if (changed_out)
+		*changed_out = k.changed;
+	return 0;
 }
 
 static int unhex(unsigned char *out, const char *hex, size_t nbytes)
@@ -255,7 +459,7 @@ static int unhex(unsigned char *out, const char *hex, size_t nbytes)
 int idem_pay_verify_signature(idem_pay *pay, const char *channel, const char *sig, size_t sig_len,
                               const void *body, size_t len)
 {
-	char secret[IDEM_PAY_SECRET_SIZE] = "";
+	char secret[IDEM_PAY_SECRET_SIZE] = "", stored[PAY__STORED_SECRET_SIZE] = "";
 	unsigned char want[32], got[32];
 	unsigned int n = 0;
 	idem_value p[1];
@@ -265,9 +469,14 @@ int idem_pay_verify_signature(idem_pay *pay, const char *channel, const char *si
 		return IDEM_ENOTFOUND;
 	p[0] = IDEM_V_TEXT(channel);
 	rc = idem_store_query(pay->store, "SELECT secret FROM channels WHERE name = ?", p, 1,
-	                      read_secret, secret);
+	                      read_secret, stored);
+	if (rc == 0 && stored[0])
+		rc = secret_open(pay->has_secret_key ? pay->secret_key : NULL, channel, stored,
+		                 secret);
+	OPENSSL_cleanse(stored, sizeof(stored));
 	if (rc < 0)
-		return rc;
+		return rc == IDEM_EINVAL ? idem__error(IDEM_ESTORE, "%s", idem_error_last()->message)
+		                         : rc;
 	if (!secret[0])
 		return IDEM_ENOTFOUND;
 	if (!HMAC(EVP_sha256(), secret, (int)strlen(secret), body, len, want, &n) || n != 32)

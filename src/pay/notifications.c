@@ -40,6 +40,19 @@ static int notify_work(idem_txn *txn, void *vctx, idem_response *resp)
 		                  "the notified amount differs from the payment's");
 		goto done;
 	}
+	if (success && strcmp(p.status, "processing") == 0) {
+		/* A credit to come: take the merchant's lock first (the order refunds
+		 * use too) and refuse one that would overflow before writing anything. */
+		int fits = 0;
+
+		if ((rc = pay__lock_merchant(txn, p.merchant_id, now)) < 0 ||
+		    (rc = pay__credit_fits(txn, p.merchant_id, p.currency, p.amount, &fits)) < 0)
+			goto done;
+		if (!fits) {
+			rc = pay__overflow_problem(resp);
+			goto done;
+		}
+	}
 	{
 		idem_value v[7] = {IDEM_V_TEXT(c->rq->caller),
 		                   IDEM_V_TEXT(pay__str(d, "notify_id")),
@@ -77,7 +90,10 @@ static int notify_work(idem_txn *txn, void *vctx, idem_response *resp)
 		goto done;
 	/* changed == 0: the payment is final already; acknowledge, change nothing. */
 	if (changed == 1 && success) {
-		if ((rc = pay__lock_merchant(txn, p.merchant_id, now)) < 0 ||
+		/* Locked above unless the payment was final when read (it is not now):
+		 * taking the lock again is harmless. */
+		if ((strcmp(p.status, "processing") != 0 &&
+		     (rc = pay__lock_merchant(txn, p.merchant_id, now)) < 0) ||
 		    (rc = pay__post(txn, p.merchant_id, p.currency, p.amount, "payment", p.id,
 		                    now)) < 0)
 			goto done;

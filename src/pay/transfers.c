@@ -108,6 +108,14 @@ static int transfer_work(idem_txn *txn, void *vctx, idem_response *resp)
 	if (balance < amount)
 		return pay__problem(resp, 409, "insufficient_balance",
 		                    "the balance cannot cover this transfer");
+	{
+		int fits = 0;
+
+		if ((rc = pay__credit_fits(txn, to, currency, amount, &fits)) < 0)
+			return rc;
+		if (!fits)
+			return pay__overflow_problem(resp);
+	}
 	if ((rc = pay__new_id(t.id, "tr_")) < 0)
 		return rc;
 	{

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <malloc.h>
+#include <openssl/crypto.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -51,6 +52,8 @@ static void usage(FILE *f)
 	    "  --cache-entries N         front cache entry cap [IDEM_CACHE_ENTRIES] (200000)\n"
 	    "  --mock-channel-delay-ms N the mock channel answers after N ms; payments on it\n"
 	    "                            then run in two phases [IDEM_MOCK_CHANNEL_DELAY_MS] (0)\n"
+	    "  --secret-key-file PATH    seal channel secrets at rest with this key (32 bytes\n"
+	    "                            or 64 hex digits, mode 600) [IDEM_SECRET_KEY_FILE]\n"
 	    "  -h, --help                this text\n"
 	    "\n"
 	    "example:\n"
@@ -115,7 +118,11 @@ typedef enum {
 	OPT_QUEUE_TIMEOUT,
 	OPT_CACHE_MB,
 	OPT_CACHE_ENTRIES,
+	OPT_SECRET_KEY_FILE,
 } opt_id;
+
+/* --secret-key-file: kept here, read once the store is open. */
+static char secret_key_file[4096];
 
 static const struct {
 	opt_id id;
@@ -136,6 +143,7 @@ static const struct {
     {OPT_QUEUE_TIMEOUT, "IDEM_QUEUE_TIMEOUT_MS"},
     {OPT_CACHE_MB, "IDEM_CACHE_MB"},
     {OPT_CACHE_ENTRIES, "IDEM_CACHE_ENTRIES"},
+    {OPT_SECRET_KEY_FILE, "IDEM_SECRET_KEY_FILE"},
 };
 
 static int apply(server_config *c, opt_id id, const char *v, const char *from)
@@ -174,6 +182,10 @@ static int apply(server_config *c, opt_id id, const char *v, const char *from)
 	case OPT_QUEUE_TIMEOUT: bad = parse_int(v, 0, 600000, &c->queue_timeout_ms); break;
 	case OPT_CACHE_MB: bad = parse_int(v, 0, 65536, &c->cache_mb); break;
 	case OPT_CACHE_ENTRIES: bad = parse_int(v, 0, 100000000, &c->cache_entries); break;
+	case OPT_SECRET_KEY_FILE:
+		bad = !*v || snprintf(secret_key_file, sizeof(secret_key_file), "%s", v) >=
+		                 (int)sizeof(secret_key_file);
+		break;
 	}
 	if (bad)
 		fprintf(stderr, "idemd: invalid value '%s' for %s (see --help)\n", v, from);
@@ -198,6 +210,7 @@ static int configure(server_config *c, int argc, char **argv)
 	    {"queue-timeout-ms", required_argument, NULL, OPT_QUEUE_TIMEOUT},
 	    {"cache-mb", required_argument, NULL, OPT_CACHE_MB},
 	    {"cache-entries", required_argument, NULL, OPT_CACHE_ENTRIES},
+	    {"secret-key-file", required_argument, NULL, OPT_SECRET_KEY_FILE},
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
@@ -247,6 +260,27 @@ static int configure(server_config *c, int argc, char **argv)
 		return 2;
 	}
 	return 0;
+}
+
+/* The channel secrets' key: from --secret-key-file, checked against the store. */
+static int use_secret_key(idem_pay *pay)
+{
+	unsigned char key[32];
+	int rc;
+
+	if (!secret_key_file[0]) {
+		if ((rc = idem_pay_set_secret_key(pay, NULL)) < 0)
+			log_msg("error", "cannot start: %s", idem_error_last()->message);
+		return rc;
+	}
+	if ((rc = idem_pay_secret_key_read(secret_key_file, key)) == 0)
+		rc = idem_pay_set_secret_key(pay, key);
+	OPENSSL_cleanse(key, sizeof(key));
+	if (rc < 0)
+		log_msg("error", "cannot start: %s", idem_error_last()->message);
+	else
+		log_msg("info", "channel secrets are sealed at rest (AES-256-GCM)");
+	return rc;
 }
 
 int main(int argc, char **argv)
@@ -303,6 +337,8 @@ int main(int argc, char **argv)
 		log_msg("error", "cannot start: %s", idem_error_last()->message);
 		goto done;
 	}
+	if (use_secret_key(st.pay) < 0)
+		goto done;
 	/* Outcome counters go to the store every few seconds, so that
 	 * `idemctl stats` sees every instance (never a write per request). */
 	if (idem_stats_flusher_start(&stats, st.store, NULL) < 0)

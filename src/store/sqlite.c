@@ -13,11 +13,13 @@
  * BUSY and LOCKED mean "retry"; anything else is an error and never taken for
  * a duplicate. This file must never print or read the environment.
  */
+#include <fcntl.h>
 #include <pthread.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "store/store.h"
 #include "util/error.h"
@@ -247,6 +249,15 @@ static int conn_open(conn *c, idem__backend *be, int reader)
 	int rc;
 
 	memset(c, 0, sizeof(*c));
+	if (!be->memory && !reader) {
+		/* A new database file is the owner's only (it holds channel secrets);
+		 * SQLite gives -wal and -shm the main file's mode. An existing file
+		 * keeps the mode it has. */
+		int fd = open(be->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+
+		if (fd >= 0)
+			close(fd);
+	}
 	rc = sqlite3_open_v2(be->path, &c->db, flags, NULL);
 	if (rc != SQLITE_OK) {
 		rc = fail(c->db, rc, CTX_PLAIN, be->path);

@@ -226,6 +226,58 @@ class TestCredentials(CliTest):
         self.bad(1, "merchant", "rotate-key", "m_doesnotexist")
         self.bad(2, "merchant", "list", "extra")
 
+    def sql(self, verb, statement, *params):
+        """cli_testdb exec|query on this test's database (params: bytes as given)."""
+        p = subprocess.run([TESTDB, verb, self.db, statement] + list(params),
+                           capture_output=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr.decode(errors="replace"))
+        return p.stdout
+
+    def test_merchant_bad_name_is_refused_before_any_write(self):
+        # Issue 16: a name jansson could not encode was committed, then
+        # "out of memory" hid its one-time key.
+        self.ok("migrate")
+        for name in (b"bad\xffname", b"a\x1bb", b"a\nb", b"tab\there", b"del\x7f",
+                     b"\xc0\xaf", b"\xed\xa0\x80", b"nel\xc2\x85", b"\xf4\x90\x80\x80",
+                     b"cut\xe4\xb8", "é".encode() * 51):
+            r = self.bad(1, "merchant", "add", name, "--json")
+            self.assertIn("UTF-8", r.err, r)
+            self.assertEqual(r.out, "", r)
+            r = self.bad(1, "merchant", "add", name)
+            self.assertNotIn("sk_", r.out + r.err, r)
+        self.assertEqual(self.ok("merchant", "list", "--json").json()["merchants"], [])
+        self.assertEqual(self.sql("query", "SELECT count(*) FROM merchants").strip(), b"0")
+        # Well-formed UTF-8 up to 100 bytes is fine, and round-trips.
+        for name in ("Café 北京 🙂", "é" * 50):
+            a = self.ok("merchant", "add", name, "--json").json()
+            self.assertEqual(a["name"], name)
+            self.assertTrue(a["api_key"].startswith("sk_"))
+        names = [m["name"] for m in self.ok("merchant", "list", "--json").json()["merchants"]]
+        self.assertEqual(sorted(names), sorted(["Café 北京 🙂", "é" * 50]))
+
+    def test_merchant_list_survives_a_bad_stored_name(self):
+        # A database written before names were checked may hold any bytes:
+        # one such row must not make the whole list fail, nor put raw
+        # escapes on the operator's terminal.
+        self.ok("migrate")
+        good = self.ok("merchant", "add", "Good", "--json").json()
+        bad = b"esc\x1b[31m\x07"
+        if self.db.startswith("sqlite:"):
+            bad += b"\xff\xfe"  # the servers refuse bytes that are not UTF-8
+        self.sql("exec", "INSERT INTO merchants (id, name, key_id, key_digest, created_at)"
+                 " VALUES ('m_old', ?, 'oldkeyid', 'olddigest', 1)", bad)
+        d = self.ok("merchant", "list", "--json").json()
+        names = {m["merchant_id"]: m["name"] for m in d["merchants"]}
+        self.assertEqual(names[good["merchant_id"]], "Good")
+        expect = "esc\\x1B[31m\\x07" + ("\\xFF\\xFE" if self.db.startswith("sqlite:") else "")
+        self.assertEqual(names["m_old"], expect)
+        r = self.ok("merchant", "list")
+        self.assertIn("m_old", r.out)
+        self.assertIn(expect, r.out)
+        self.assertNotIn("\x1b", r.out)
+        self.assertNotIn("\x07", r.out)
+        self.assertIn("2 merchants", r.out)
+
     def test_channel_add_list_rotate(self):
         c = self.ok("channel", "add", "wx", "--json").json()
         self.assertEqual(c["channel"], "wx")
@@ -243,6 +295,39 @@ class TestCredentials(CliTest):
         self.assertEqual(old.notify("pay_nope", 100).status, 401)
         self.assertEqual(harness.Channel(srv, "wx", n["secret"]).notify("pay_nope", 100).status,
                          404)
+
+    def test_channel_secrets_sealed_on_every_backend(self):
+        # --secret-key-file on this backend: the stored secret is sealed
+        # ("v1:..." in the column, never the secret), idemd opens it, and a
+        # plain secret written earlier is sealed by rekey.
+        key = os.path.join(self.tmp, "secret.key")
+        with open(key, "w") as f:
+            f.write(os.urandom(32).hex() + "\n")
+        os.chmod(key, 0o600)
+        plain = self.ok("channel", "add", "old", "--json").json()["secret"]
+        new = self.ok("--secret-key-file", key, "channel", "add", "wx", "--json").json()["secret"]
+        stored = dict(line.split(" ", 1) for line in self.sql(
+            "query", "SELECT name || ' ' || secret FROM channels"
+            if not self.db.startswith("mysql") else
+            "SELECT CONCAT(name, ' ', secret) FROM channels").decode().splitlines())
+        self.assertEqual(stored["old"], plain)
+        self.assertTrue(stored["wx"].startswith("v1:"), stored)
+        self.assertNotIn(new, stored["wx"])
+        srv = self.server("--secret-key-file", key)
+        m = self.merchant(srv)
+        for name, secret in (("wx", new), ("old", plain)):
+            ch = harness.Channel(srv, name, secret)
+            p = m.create_payment(name, 100)
+            self.assertEqual(ch.notify(p["id"], 100).status, 200)
+            self.assertEqual(m.payment(p["id"])["status"], "succeeded")
+        srv.stop_checked()
+        self.assertEqual(self.ok("--secret-key-file", key, "channel", "rekey", "--json")
+                         .json()["sealed"], 2)
+        for line in self.sql("query", "SELECT secret FROM channels").decode().splitlines():
+            self.assertTrue(line.startswith("v1:"), line)
+        self.bad(1, "channel", "rotate-secret", "wx")       # no key: refused
+        self.bad(2, "channel", "rekey")
+        self.bad(2, "--secret-key-file", key, "channel", "rekey", "--bogus")
 
     def test_channel_bad_input(self):
         self.ok("channel", "add", "wx")
