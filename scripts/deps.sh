@@ -6,7 +6,9 @@
 #   scripts/deps.sh          build + SQLite-path dependencies (make, make run)
 #   scripts/deps.sh --pkg    also the Debian packaging tools (dpkg-buildpackage)
 #   scripts/deps.sh --all    everything the whole suite needs (make test): the
-#                            database servers, promtool, the packaging tools
+#                            database servers (galera-4, rsync and iproute2 for
+#                            the Galera cluster of scripts/galera-up.sh),
+#                            promtool, the packaging tools
 set -euo pipefail
 
 pkgs=(
@@ -18,7 +20,7 @@ pkgs=(
 pkg_tools=(debhelper dpkg-dev fakeroot)
 for arg in "$@"; do
   case "$arg" in
-    --all) pkgs+=(postgresql mariadb-server sqlite3 prometheus "${pkg_tools[@]}") ;;
+    --all) pkgs+=(postgresql mariadb-server galera-4 rsync iproute2 sqlite3 prometheus "${pkg_tools[@]}") ;;
     --pkg) pkgs+=("${pkg_tools[@]}") ;;
     *) echo "usage: deps.sh [--all|--pkg]" >&2; exit 2 ;;
   esac

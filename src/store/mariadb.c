@@ -1135,13 +1135,24 @@ static int my_txn_commit(idem_txn *txn)
 
 static int savepoint_sql(idem_txn *txn, const char *verb, const char *name)
 {
+	conn *c = conn_of(txn);
 	char sql[96];
+	int rc;
 
 	for (const char *p = name; *p; p++)
 		if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '_'))
 			return idem__error(IDEM_EINVAL, "bad savepoint name");
 	snprintf(sql, sizeof(sql), "%s %s", verb, name);
-	return simple(conn_of(txn), sql, verb);
+	if ((rc = simple(c, sql, verb)) < 0 && c->my && !c->broken &&
+	    mysql_errno(c->my) == ER_SP_DOES_NOT_EXIST)
+		/* 1305: the savepoint is gone because the whole transaction is:
+		 * rolled back by a deadlock or, on Galera, by a brute-force abort
+		 * (a replicated write set that won certification). Retry the unit,
+		 * as for the 1213 the next statement would have reported. */
+		rc = idem__error_driver(IDEM_ERETRY, ER_SP_DOES_NOT_EXIST, mysql_sqlstate(c->my),
+					"mariadb: %s: transaction rolled back under it (errno 1305)",
+					verb);
+	return rc;
 }
 
 static int my_savepoint(idem_txn *txn, const char *name)

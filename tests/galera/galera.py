@@ -1,0 +1,232 @@
+"""The Galera cluster and the checks the Galera tests share (Python 3 stdlib).
+
+Cluster: the 3-node cluster scripts/run-tests.sh started with
+scripts/galera-up.sh ($IDEM_TEST_GALERA_STATE / $IDEM_TEST_GALERA_URLS), or,
+run by hand without them, a cluster of the test's own that it stops at the
+end. A test may kill -9 a node (its mariadbd.pid) and start it again (its
+start.sh); every test leaves the cluster as it found it: all nodes Synced
+in one primary component.
+
+Client: one logical request sent to several idemd (one per node) with the
+retry discipline API.md asks of a client: a 503 or a transport error is
+retried, failing over to the next instance, until an answer that is not 503
+comes back. Every answer is recorded with its time and instance, so a test
+can say which answers came when.
+"""
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "fault"))
+import dbserver  # noqa: E402
+from dbserver import harness  # noqa: E402
+
+SCRIPTS = os.path.join(REPO, "scripts")
+
+
+def note(msg):
+    sys.stderr.write(msg + "\n")
+    sys.stderr.flush()
+
+
+def preflight():
+    """Skip (exit 77) or fail in CI when idemd or the Galera binaries are absent."""
+    dbserver.require_idemd()
+    if os.environ.get("IDEM_TEST_GALERA_STATE"):
+        return
+    for need in ("/usr/sbin/mariadbd", "/usr/lib/galera/libgalera_smm.so"):
+        if not os.path.exists(need):
+            dbserver.skip_or_fail("no Galera cluster: %s is missing" % need)
+
+
+class Cluster:
+    def __init__(self):
+        self.own = False
+        state = os.environ.get("IDEM_TEST_GALERA_STATE")
+        urls = os.environ.get("IDEM_TEST_GALERA_URLS")
+        if not state or not urls:
+            note("note: IDEM_TEST_GALERA_STATE not set: starting a cluster of this test's own")
+            p = subprocess.run([os.path.join(SCRIPTS, "galera-up.sh"), "3"],
+                               stdin=subprocess.DEVNULL, capture_output=True, timeout=300)
+            if p.returncode != 0:
+                raise RuntimeError("galera-up.sh failed: %s" % p.stderr.decode(errors="replace"))
+            env = dict(part.partition("=")[::2] for part in shlex.split(p.stdout.decode())[1:])
+            state, urls = env["IDEM_TEST_GALERA_STATE"], env["IDEM_TEST_GALERA_URLS"]
+            self.own = True
+        self.state = state
+        self.urls = urls.split(",")
+        self.n = len(self.urls)
+
+    def close(self):
+        if self.own:
+            subprocess.run([os.path.join(SCRIPTS, "galera-down.sh"), self.state],
+                           stdin=subprocess.DEVNULL, timeout=120)
+
+    # -- one node (0-based)
+    def dir(self, i):
+        return os.path.join(self.state, "n%d" % (i + 1))
+
+    def pid(self, i):
+        try:
+            with open(os.path.join(self.dir(i), "mariadbd.pid")) as f:
+                pid = int(f.read().strip())
+            os.kill(pid, 0)
+            return pid
+        except (OSError, ValueError):
+            return None
+
+    def kill(self, i):
+        """kill -9 node i's mariadbd; returns once the process is gone."""
+        pid = self.pid(i)
+        assert pid, "node %d is not running" % (i + 1)
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except OSError:
+                return
+            time.sleep(0.02)
+        raise AssertionError("node %d survived SIGKILL" % (i + 1))
+
+    def start(self, i):
+        subprocess.run([os.path.join(self.dir(i), "start.sh")], check=True,
+                       stdin=subprocess.DEVNULL, timeout=120)
+
+    def status(self, i):
+        """wsrep status of node i as a dict, {} when it does not answer."""
+        sock = os.path.join(self.dir(i), "mysql.sock")
+        try:
+            p = subprocess.run(["mariadb", "--no-defaults", "-S", sock, "-u", "root", "-N", "-B",
+                                "-e", "SHOW GLOBAL STATUS LIKE 'wsrep_%'"],
+                               stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
+        except subprocess.TimeoutExpired:
+            return {}
+        if p.returncode != 0:
+            return {}
+        out = {}
+        for line in p.stdout.decode().splitlines():
+            k, _, v = line.partition("\t")
+            out[k] = v
+        return out
+
+    def wait(self, i, size, primary=True, timeout=90):
+        """Until node i is Synced in a primary component of size nodes (or,
+        primary False, non-primary). Returns the seconds it took."""
+        t0 = time.monotonic()
+        last = {}
+        while time.monotonic() - t0 < timeout:
+            last = self.status(i)
+            if primary and last.get("wsrep_local_state_comment") == "Synced" and \
+                    last.get("wsrep_cluster_status") == "Primary" and \
+                    last.get("wsrep_cluster_size") == str(size):
+                return time.monotonic() - t0
+            if not primary and last and last.get("wsrep_cluster_status") != "Primary":
+                return time.monotonic() - t0
+            time.sleep(0.2)
+        raise AssertionError("node %d: not %s with %d nodes within %ds: %r"
+                             % (i + 1, "Synced" if primary else "non-primary", size, timeout,
+                                {k: last.get(k) for k in ("wsrep_local_state_comment",
+                                                          "wsrep_cluster_status",
+                                                          "wsrep_cluster_size")}))
+
+    def heal(self, timeout=120):
+        """Start every node that is down and wait until all are Synced."""
+        for i in range(self.n):
+            if self.pid(i) is None:
+                self.start(i)
+        for i in range(self.n):
+            self.wait(i, self.n, timeout=timeout)
+
+
+class Setup:
+    """A fresh database on the cluster and one idemd per node."""
+
+    def __init__(self, cluster, args=("--threads", "8")):
+        self.cluster = cluster
+        cluster.heal()
+        self.db = dbserver.Database(cluster.urls[0], "g")
+        self.servers = []
+        # The first idemd migrates the schema; the others find it current.
+        for url in cluster.urls:
+            s = harness.Server(list(args), db_url=dbserver.with_db(url, self.db.name))
+            self.servers.append(s)
+            s.start()
+
+    def close(self):
+        bad = []
+        for s in self.servers:
+            rc = s.stop()
+            if rc != 0:
+                bad.append("idemd did not exit 0 on SIGTERM (rc=%r)\n%s" % (rc, s.log_tail()))
+            s.cleanup()
+        self.db.drop()
+        return bad
+
+
+# ---- a client that retries ----------------------------------------------------
+
+class Answers:
+    """Every answer any call got: (t, instance, status, code, replayed)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.rows = []
+
+    def add(self, t, inst, status, code, replayed):
+        with self.lock:
+            self.rows.append((t, inst, status, code, replayed))
+
+    def bad(self, allowed=(200, 201, 503)):
+        """Answers outside allowed, and 503s that are not store_unavailable."""
+        with self.lock:
+            return [r for r in self.rows if r[2] not in allowed or
+                    (r[2] == 503 and r[3] != "store_unavailable")]
+
+
+def code_of(r):
+    if r.status >= 400:
+        try:
+            return r.json().get("code")
+        except AssertionError:
+            return None
+    return None
+
+
+def call(answers, insts, first, fn, deadline, pause=0.1):
+    """fn(inst) -> Response. Sent to insts[first]; on a 503 or a transport
+    error, sent again to the next instance, until another answer or the
+    deadline. Returns the final Response (None at the deadline)."""
+    k = first
+    while time.monotonic() < deadline:
+        inst = k % len(insts)
+        try:
+            r = fn(inst)
+        except OSError:
+            answers.add(time.monotonic(), inst, "transport", None, False)
+            r = None
+        if r is not None:
+            answers.add(time.monotonic(), inst, r.status, code_of(r), r.replayed)
+            if r.status != 503:
+                return r
+        k += 1
+        time.sleep(pause)
+    return None
+
+
+def ledger_sql(db):
+    """{merchant: balance} from balances, asserting each equals its ledger sum."""
+    bal = {r[0]: int(r[1]) for r in db.sql(
+        "SELECT merchant_id, amount FROM balances WHERE currency = 'CNY'")}
+    led = {r[0]: int(r[1]) for r in db.sql(
+        "SELECT merchant_id, SUM(amount) FROM ledger_entries WHERE currency = 'CNY'"
+        " GROUP BY merchant_id")}
+    assert bal == led, "balances differ from their ledger sums: %r vs %r" % (bal, led)
+    return bal
