@@ -47,6 +47,8 @@ struct idem__backend {
 	idem_store_opts opts;
 
 	pthread_mutex_t wlock; /* held from BEGIN to COMMIT/ROLLBACK */
+	int wreentered;        /* reads nested in the holder's transaction (holder only) */
+	idem__backend *wprev;  /* the holder's wlock_held before it took this one */
 	conn writer;
 	sqlite_txn txn;
 
@@ -268,12 +270,43 @@ static int conn_open(conn *c, idem__backend *be, int reader)
 	return 0;
 }
 
+/*
+ * The backend whose write lock this thread holds (between BEGIN and
+ * COMMIT/ROLLBACK, or in a migration), NULL otherwise. Thread-local, so only
+ * the owning thread ever reads or writes it.
+ */
+static _Thread_local idem__backend *wlock_held;
+
+static void wlock_take(idem__backend *be)
+{
+	pthread_mutex_lock(&be->wlock);
+	be->wprev = wlock_held; /* another store's transaction on this thread */
+	wlock_held = be;
+}
+
+static void wlock_drop(idem__backend *be)
+{
+	wlock_held = be->wprev;
+	pthread_mutex_unlock(&be->wlock);
+}
+
+/*
+ * A connection for a read. Without reader connections (sqlite::memory:, or
+ * read_connections 0) the writer answers reads. A thread that already holds
+ * the writer (a read from inside its own transaction: a unit of work calling
+ * idem_store_query) uses it as it is: taking the lock again would deadlock
+ * on itself. That read then sees the transaction's own uncommitted writes:
+ * there is no other connection to see the database through.
+ */
 static conn *reader_get(idem__backend *be)
 {
 	conn *c;
 
 	if (be->nreaders == 0) {
-		pthread_mutex_lock(&be->wlock);
+		if (wlock_held != be)
+			pthread_mutex_lock(&be->wlock);
+		else
+			be->wreentered++;
 		return &be->writer;
 	}
 	pthread_mutex_lock(&be->rlock);
@@ -287,7 +320,10 @@ static conn *reader_get(idem__backend *be)
 static void reader_put(idem__backend *be, conn *c)
 {
 	if (c == &be->writer) {
-		pthread_mutex_unlock(&be->wlock);
+		if (be->wreentered > 0)
+			be->wreentered--; /* the transaction still holds the lock */
+		else
+			pthread_mutex_unlock(&be->wlock);
 		return;
 	}
 	pthread_mutex_lock(&be->rlock);
@@ -481,7 +517,7 @@ static int sqlite_migrate(idem__backend *be, int *version_out)
 	int cur = 0, rc;
 	char *errmsg = NULL;
 
-	pthread_mutex_lock(&be->wlock);
+	wlock_take(be);
 	if ((rc = exec_plain(c, "BEGIN IMMEDIATE")) < 0)
 		goto unlock;
 	if ((rc = exec_plain(c, "CREATE TABLE IF NOT EXISTS idem_schema_version ("
@@ -516,7 +552,7 @@ static int sqlite_migrate(idem__backend *be, int *version_out)
 rollback:
 	sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
 unlock:
-	pthread_mutex_unlock(&be->wlock);
+	wlock_drop(be);
 	return rc;
 }
 
@@ -601,9 +637,9 @@ static int sqlite_txn_begin(idem__backend *be, idem_txn **out)
 	int rc;
 
 	*out = NULL;
-	pthread_mutex_lock(&be->wlock);
+	wlock_take(be);
 	if ((rc = exec_plain(&be->writer, "BEGIN IMMEDIATE")) < 0) {
-		pthread_mutex_unlock(&be->wlock);
+		wlock_drop(be);
 		return rc;
 	}
 	*out = &be->txn.base;
@@ -621,7 +657,7 @@ static void sqlite_txn_rollback(idem_txn *txn)
 
 	/* Fails harmlessly when SQLite already rolled back after an I/O error. */
 	sqlite3_exec(be->writer.db, "ROLLBACK", NULL, NULL, NULL);
-	pthread_mutex_unlock(&be->wlock);
+	wlock_drop(be);
 }
 
 static int sqlite_txn_commit(idem_txn *txn)
@@ -634,7 +670,7 @@ static int sqlite_txn_commit(idem_txn *txn)
 		sqlite_txn_rollback(txn);
 		return rc;
 	}
-	pthread_mutex_unlock(&be->wlock);
+	wlock_drop(be);
 	return 0;
 }
 
