@@ -225,31 +225,49 @@ static void *writer_main(void *arg)
 	return NULL;
 }
 
-int idem__batch_start(idem__batch **out, idem_store *store)
+int idem__batch_start_n(idem__batch **out, idem_store *store, int n)
 {
-	/* SQLite has one writer per database: more threads would only queue. */
-	int n = strcmp(store->ops->name, "sqlite") == 0 ? 1 : store->opts.writers;
-	idem__batch *b = calloc(1, sizeof(*b) + (size_t)n * sizeof(writer));
+	idem__batch *b = NULL;
+	int rc = 0;
 
 	*out = NULL;
-	if (!b)
+	if (n < 1 || !(b = calloc(1, sizeof(*b) + (size_t)n * sizeof(writer))))
 		return idem__error(IDEM_ENOMEM, "out of memory");
 	b->store = store;
-	b->nwriters = n;
 	for (int i = 0; i < n; i++) {
 		writer *w = &b->w[i];
 
 		w->b = b;
-		pthread_mutex_init(&w->lock, NULL);
-		pthread_cond_init(&w->cond, NULL);
+		if (pthread_mutex_init(&w->lock, NULL) != 0) {
+			rc = idem__error(IDEM_ENOMEM, "cannot create a group commit lock");
+			goto done;
+		}
+		if (pthread_cond_init(&w->cond, NULL) != 0) {
+			pthread_mutex_destroy(&w->lock);
+			rc = idem__error(IDEM_ENOMEM, "cannot create a group commit lock");
+			goto done;
+		}
+		/* From here on stop() tears this writer down, and only these. */
+		b->nwriters = i + 1;
 		if (pthread_create(&w->thread, NULL, writer_main, w) != 0) {
-			idem__batch_stop(b);
-			return idem__error(IDEM_ENOMEM, "cannot start group commit writer");
+			rc = idem__error(IDEM_ENOMEM, "cannot start group commit writer");
+			goto done;
 		}
 		w->started = 1;
 	}
 	*out = b;
-	return 0;
+	b = NULL;
+done:
+	idem__batch_stop(b);
+	return rc;
+}
+
+int idem__batch_start(idem__batch **out, idem_store *store)
+{
+	/* SQLite has one writer per database: more threads would only queue. */
+	int n = strcmp(store->ops->name, "sqlite") == 0 ? 1 : store->opts.writers;
+
+	return idem__batch_start_n(out, store, n);
 }
 
 void idem__batch_stop(idem__batch *b)
@@ -267,6 +285,7 @@ void idem__batch_stop(idem__batch *b)
 		pthread_mutex_unlock(&w->lock);
 		pthread_join(w->thread, NULL);
 	}
+	/* nwriters counts the writers whose lock and condition were initialised. */
 	for (int i = 0; i < b->nwriters; i++) {
 		pthread_mutex_destroy(&b->w[i].lock);
 		pthread_cond_destroy(&b->w[i].cond);

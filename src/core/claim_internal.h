@@ -31,6 +31,8 @@ void idem__count(idem_store *s, const char *type, int rc, const idem_result *out
 /* Group commit writers: started by idem_store_open when opts.batch_max > 1. */
 typedef struct idem__batch idem__batch;
 int idem__batch_start(idem__batch **out, idem_store *store);
+/* The same with exactly nwriters writers (tests). On failure *out is NULL. */
+int idem__batch_start_n(idem__batch **out, idem_store *store, int nwriters);
 /* Drain the queues, then stop and free the writers. NULL is accepted. */
 void idem__batch_stop(idem__batch *b);
 
