@@ -129,6 +129,11 @@ static int classify(conn *c, unsigned int err, const char *state, const char *ms
 		c->broken = 1;
 		code = IDEM_EUNAVAIL;
 		break;
+	case 1264: /* ER_WARN_DATA_OUT_OF_RANGE: a value outside its column's range */
+	case 1690: /* ER_DATA_OUT_OF_RANGE: an expression's result out of range */
+		/* The request's values, not the store: permanent, never "unavailable". */
+		code = IDEM_EINVAL;
+		break;
 	case ER_CON_COUNT_ERROR: /* 1040: too many connections */
 		code = IDEM_EUNAVAIL;
 		break;
@@ -688,10 +693,23 @@ static int take(idem__backend *be, int writer, conn **out, int *fresh)
 	return 0;
 }
 
+/* The server's status flags say a transaction is open on c. */
+static int in_transaction(conn *c)
+{
+	unsigned int status = 0;
+
+	if (mariadb_get_infov(c->my, MARIADB_CONNECTION_SERVER_STATUS, &status) != 0)
+		return 1; /* cannot tell: treat it as out of step */
+	return (status & SERVER_STATUS_IN_TRANS) != 0;
+}
+
 static void give(idem__backend *be, conn *c)
 {
 	int writer = c >= be->writers && c < be->writers + IDEM__NET_WRITERS;
 
+	/* A connection left inside a transaction is out of step: drop it. */
+	if (c->my && !c->broken && in_transaction(c))
+		c->broken = 1;
 	if (c->broken)
 		conn_close(c);
 	if (writer)

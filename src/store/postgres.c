@@ -142,6 +142,10 @@ static int fail(conn *c, const PGresult *res, err_ctx ctx, const char *what)
 		code = IDEM_EUNAVAIL;
 	} else if (is_state(state, "53300")) {
 		code = IDEM_EUNAVAIL; /* too many connections */
+	} else if (is_state(state, "22003")) {
+		/* numeric_value_out_of_range: the request's values, not the store;
+		 * permanent, never "unavailable" (issue 16). */
+		code = IDEM_EINVAL;
 	} else if (is_state(state, "XX001") || is_state(state, "XX002")) {
 		code = IDEM_ECORRUPT;
 	} else {
