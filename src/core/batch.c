@@ -264,10 +264,15 @@ done:
 
 int idem__batch_start(idem__batch **out, idem_store *store)
 {
-	/* SQLite has one writer per database: more threads would only queue. */
-	int n = strcmp(store->ops->name, "sqlite") == 0 ? 1 : store->opts.writers;
+	/* One write transaction at a time (SQLite): more threads would only queue. */
+	int n = store->ops->caps & IDEM__CAP_ONE_WRITER ? 1 : store->opts.writers;
 
 	return idem__batch_start_n(out, store, n);
+}
+
+int idem__batch_writers(const idem__batch *b)
+{
+	return b ? b->nwriters : 0;
 }
 
 void idem__batch_stop(idem__batch *b)
@@ -302,45 +307,27 @@ static unsigned scope_hash(const char *s)
 	return h;
 }
 
-void idem_execute_async(idem_store *store, const idem_request *req, idem_work_fn work, void *ctx,
-                        idem_done_fn done, void *done_ctx)
+int idem__batch_submit(idem__batch *b, const idem_request *req, idem_work_fn work, void *ctx,
+                       idem_done_fn done, void *done_ctx)
 {
-	idem_result res = {0};
-	idem__key k;
 	unit *u = NULL;
 	writer *w;
 	int rc;
 
-	if ((rc = idem__request_key(&k, req)) < 0) {
-		done(done_ctx, rc, &res);
-		return;
-	}
-	if (!work) {
-		rc = idem__error(IDEM_EINVAL, "idem_execute_async: work is required");
-		goto answer;
-	}
-	if ((rc = idem__fast_path(store, &k, req->fingerprint, &res)) != 0)
-		goto answer;
-	if (!store->batch) {
-		rc = idem__execute_direct(store, &k, req, work, ctx, &res);
-		goto answer;
-	}
-	if (!(u = calloc(1, sizeof(*u)))) {
-		rc = idem__error(IDEM_ENOMEM, "out of memory");
-		goto answer;
-	}
+	if (!(u = calloc(1, sizeof(*u))))
+		return idem__error(IDEM_ENOMEM, "out of memory");
 	u->req = *req;
 	if ((rc = idem__request_key(&u->key, &u->req)) < 0 ||
 	    (rc = idem__rand_hex(u->owner, 16)) < 0) {
 		free(u);
-		goto answer;
+		return rc;
 	}
 	u->work = work;
 	u->ctx = ctx;
 	u->done = done;
 	u->done_ctx = done_ctx;
 	u->queued_us = idem__clock_monotonic_us();
-	w = &store->batch->w[scope_hash(req->scope) % (unsigned)store->batch->nwriters];
+	w = &b->w[scope_hash(req->scope) % (unsigned)b->nwriters];
 	pthread_mutex_lock(&w->lock);
 	if (w->tail)
 		w->tail->next = u;
@@ -350,10 +337,5 @@ void idem_execute_async(idem_store *store, const idem_request *req, idem_work_fn
 	w->queued++;
 	pthread_cond_signal(&w->cond);
 	pthread_mutex_unlock(&w->lock);
-	return;
-answer:
-	if (rc > 0)
-		rc = 0;
-	idem__count(store, req->business_type, rc, &res);
-	done(done_ctx, rc, &res);
+	return 0;
 }

@@ -34,7 +34,6 @@
 
 #include "store/mariadb.h"
 #include "store/netdb.h"
-#include "store/store.h"
 #include "util/error.h"
 
 #define STMT_CACHE 64
@@ -984,7 +983,7 @@ static int my_migrate(idem__backend *be, int *version_out)
 		goto out;
 	}
 	for (int v = cur + 1; v <= SCHEMA_LATEST; v++) {
-		idem_value p[2] = {IDEM_V_INT(v), IDEM_V_INT(idem_store_now(be->store))};
+		idem_value p[2] = {IDEM_V_INT(v), IDEM_V_INT(be->opts.clock(be->opts.clock_ctx))};
 
 		for (const char *const *s = migrations[v - 1]; *s; s++)
 			if ((rc = simple(c, *s, "migration")) < 0)
@@ -1047,6 +1046,7 @@ static int my_open(idem__backend **out, idem_store *store, const char *target,
 	}
 	for (int i = 0; i < IDEM__NET_WRITERS; i++) {
 		be->writers[i].txn.base.store = store;
+		be->writers[i].txn.base.ops = &idem__mariadb_ops;
 		be->writers[i].txn.be = be;
 		be->writers[i].txn.c = &be->writers[i];
 	}

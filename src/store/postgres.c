@@ -37,7 +37,6 @@
 #include <string.h>
 
 #include "store/netdb.h"
-#include "store/store.h"
 #include "util/clock.h"
 #include "util/error.h"
 
@@ -893,7 +892,7 @@ static int pg_migrate(idem__backend *be, int *version_out)
 		goto rollback;
 	}
 	for (int v = cur + 1; v <= SCHEMA_LATEST; v++) {
-		idem_value p[2] = {IDEM_V_INT(v), IDEM_V_INT(idem_store_now(be->store))};
+		idem_value p[2] = {IDEM_V_INT(v), IDEM_V_INT(be->opts.clock(be->opts.clock_ctx))};
 
 		if ((rc = simple(c, migrations[v - 1], "migration")) < 0 ||
 		    (rc = run(c, "INSERT INTO idem_schema_version (version, applied_at) VALUES (?, ?)",
@@ -975,6 +974,7 @@ static int pg_open(idem__backend **out, idem_store *store, const char *target,
 	}
 	for (int i = 0; i < IDEM__NET_WRITERS; i++) {
 		be->writers[i].txn.base.store = store;
+		be->writers[i].txn.base.ops = &idem__postgres_ops;
 		be->writers[i].txn.be = be;
 		be->writers[i].txn.c = &be->writers[i];
 	}

@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "store/store.h"
+#include "store/backend.h"
 #include "util/error.h"
 
 #define STMT_CACHE 48
@@ -531,7 +531,7 @@ static int sqlite_migrate(idem__backend *be, int *version_out)
 		goto rollback;
 	}
 	for (int v = cur + 1; v <= SCHEMA_LATEST; v++) {
-		idem_value p[2] = {IDEM_V_INT(v), IDEM_V_INT(idem_store_now(be->store))};
+		idem_value p[2] = {IDEM_V_INT(v), IDEM_V_INT(be->opts.clock(be->opts.clock_ctx))};
 		int src = sqlite3_exec(c->db, migrations[v - 1], NULL, NULL, &errmsg);
 
 		if (src != SQLITE_OK) {
@@ -594,6 +594,7 @@ static int sqlite_open(idem__backend **out, idem_store *store, const char *targe
 	be->opts = *opts;
 	be->memory = strcmp(target, ":memory:") == 0;
 	be->txn.base.store = store;
+	be->txn.base.ops = &idem__sqlite_ops;
 	be->txn.be = be;
 	if (!(be->path = strdup(target))) {
 		rc = idem__error(IDEM_ENOMEM, "out of memory");
@@ -775,6 +776,7 @@ static int sqlite_read_query(idem__backend *be, const char *sql, const idem_valu
 const idem__backend_ops idem__sqlite_ops = {
 	.version = IDEM__BACKEND_OPS_VERSION,
 	.name = "sqlite",
+	.caps = IDEM__CAP_ONE_WRITER, /* one write transaction per database file */
 	.open = sqlite_open,
 	.close = sqlite_close,
 	.migrate = sqlite_migrate,

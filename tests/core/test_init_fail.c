@@ -25,8 +25,8 @@
 
 extern void *__libc_calloc(size_t n, size_t size);
 
-static _Atomic int calloc_fail_in;  /* > 0: the n-th calloc from now fails */
-static _Atomic int create_fail_in;  /* > 0: the n-th pthread_create from now fails */
+static _Atomic int calloc_fail_in; /* > 0: the n-th calloc from now fails */
+static _Atomic int create_fail_in; /* > 0: the n-th pthread_create from now fails */
 static _Atomic int tracking;
 static pthread_mutex_t *live[4096];
 static int nlive;
@@ -154,8 +154,8 @@ static void batch_partial_start(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(cache_partial_init),
-		cmocka_unit_test(batch_partial_start),
+	    cmocka_unit_test(cache_partial_init),
+	    cmocka_unit_test(batch_partial_start),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

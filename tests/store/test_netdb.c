@@ -110,7 +110,7 @@ static void numeric_range_is_invalid(void **state)
 		assert_int_equal(idem_error_last()->driver_code, 1264);
 	assert_int_equal(res.outcome, 0);
 	assert_int_equal(idem_record_get(&info, f->store, f->scope, "payment", "K", 1),
-			 IDEM_ENOTFOUND);
+	                 IDEM_ENOTFOUND);
 	/* In an expression, on a read connection. */
 	rc = idem_store_query(f->store, "SELECT 9223372036854775807 + 1", NULL, 0, first_int, &n);
 	assert_int_equal(rc, IDEM_EINVAL);
@@ -119,10 +119,11 @@ static void numeric_range_is_invalid(void **state)
 	else
 		assert_int_equal(idem_error_last()->driver_code, 1690);
 	assert_int_equal(idem_store_ping(f->store), 0);
-	assert_int_equal(run_unit(f, "K2", &(unit){"INSERT INTO work_log (scope, k, worker)"
-						   " VALUES ('s', 'x', 1)"},
-				  &res),
-			 0);
+	assert_int_equal(run_unit(f, "K2",
+	                          &(unit){"INSERT INTO work_log (scope, k, worker)"
+	                                  " VALUES ('s', 'x', 1)"},
+	                          &res),
+	                 0);
 	assert_int_equal(res.outcome, IDEM_FIRST);
 	idem_result_clear(&res);
 }
@@ -136,8 +137,8 @@ static void numeric_range_is_invalid(void **state)
 static void connection_left_in_transaction_is_dropped(void **state)
 {
 	fixture *f = open_fixture(state);
-	const char *session = strcmp(backend, "postgres") == 0 ? "SELECT pg_backend_pid()"
-							       : "SELECT CONNECTION_ID()";
+	const char *session =
+	    strcmp(backend, "postgres") == 0 ? "SELECT pg_backend_pid()" : "SELECT CONNECTION_ID()";
 	int64_t before = -1, after = -1, again = -1;
 
 	/* One thread's reads reuse one pooled connection (the last given back). */
@@ -152,9 +153,9 @@ static void connection_left_in_transaction_is_dropped(void **state)
 	if (strcmp(backend, "mariadb") == 0) {
 		int64_t in = -1;
 
-		assert_int_equal(idem_store_query(f->store, "SELECT @@in_transaction", NULL, 0,
-						  first_int, &in),
-				 0);
+		assert_int_equal(
+		    idem_store_query(f->store, "SELECT @@in_transaction", NULL, 0, first_int, &in),
+		    0);
 		assert_int_equal(in, 0);
 	}
 }
@@ -164,8 +165,8 @@ static void connection_left_in_transaction_is_dropped(void **state)
 int main(int argc, char **argv)
 {
 	const struct CMUnitTest tests[] = {
-		T(numeric_range_is_invalid),
-		T(connection_left_in_transaction_is_dropped),
+	    T(numeric_range_is_invalid),
+	    T(connection_left_in_transaction_is_dropped),
 	};
 
 	backend = argc > 1 ? argv[1] : "postgres";
