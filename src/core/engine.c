@@ -109,11 +109,13 @@ const char *idem_store_backend(const idem_store *store)
 
 int idem_store_migrate(idem_store *store, int *version_out)
 {
+	IDEM__ASSERT_ARG(store);
 	return store->ops->migrate(store->be, version_out);
 }
 
 int idem_store_schema_version(idem_store *store, int *out)
 {
+	IDEM__ASSERT_ARG(store && out);
 	return store->ops->schema_version(store->be, out);
 }
 
@@ -124,6 +126,7 @@ int idem_store_schema_latest(const idem_store *store)
 
 int idem_store_ping(idem_store *store)
 {
+	IDEM__ASSERT_ARG(store);
 	return store->ops->ping(store->be);
 }
 
@@ -132,6 +135,7 @@ int idem_store_purge(idem_store *store, int batch, int max_batches, int64_t *del
 	int64_t total = 0;
 	int rc = 0;
 
+	IDEM__ASSERT_ARG(store);
 	if (batch <= 0 || batch > 100000 || max_batches < 0)
 		return idem__error(IDEM_EINVAL, "purge batch must be 1..100000");
 	for (int b = 0; max_batches == 0 || b < max_batches; b++) {

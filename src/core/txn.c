@@ -28,6 +28,7 @@ int64_t idem_store_now(const idem_store *store)
 int idem_txn_exec(idem_txn *txn, const char *sql, const idem_value *params, int nparams,
                   int64_t *changes_out)
 {
+	IDEM__ASSERT_ARG(txn && sql && nparams >= 0 && (params || nparams == 0));
 	if (changes_out)
 		*changes_out = 0;
 	return txn->ops->txn_exec(txn, sql, params, nparams, changes_out);
@@ -36,8 +37,10 @@ int idem_txn_exec(idem_txn *txn, const char *sql, const idem_value *params, int 
 int idem_txn_try_exec(idem_txn *txn, const char *sql, const idem_value *params, int nparams,
                       int64_t *changes_out)
 {
-	const idem__backend_ops *ops = txn->ops;
+	const idem__backend_ops *ops = NULL;
 
+	IDEM__ASSERT_ARG(txn && sql && nparams >= 0 && (params || nparams == 0));
+	ops = txn->ops;
 	if (changes_out)
 		*changes_out = 0;
 	if (ops->txn_try_exec)
@@ -48,6 +51,7 @@ int idem_txn_try_exec(idem_txn *txn, const char *sql, const idem_value *params, 
 int idem_txn_query(idem_txn *txn, const char *sql, const idem_value *params, int nparams,
                    idem_row_fn row_fn, void *ctx)
 {
+	IDEM__ASSERT_ARG(txn && sql && nparams >= 0 && (params || nparams == 0));
 	return txn->ops->txn_query(txn, sql, params, nparams, row_fn, ctx);
 }
 
@@ -59,8 +63,10 @@ idem_store *idem_txn_store(idem_txn *txn)
 int idem_store_query(idem_store *store, const char *sql, const idem_value *params, int nparams,
                      idem_row_fn row_fn, void *ctx)
 {
-	int rc = store->ops->read_query(store->be, sql, params, nparams, row_fn, ctx);
+	int rc;
 
+	IDEM__ASSERT_ARG(store && sql && nparams >= 0 && (params || nparams == 0));
+	rc = store->ops->read_query(store->be, sql, params, nparams, row_fn, ctx);
 	if (rc < 0)
 		idem__store_count_error(store, rc);
 	return rc;
@@ -95,8 +101,10 @@ int idem__with_txn(idem_store *s, idem_txn_fn fn, void *ctx, idem_result *out)
 
 int idem_store_transact(idem_store *store, idem_txn_fn fn, void *ctx)
 {
-	int rc = idem__with_txn(store, fn, ctx, NULL);
+	int rc;
 
+	IDEM__ASSERT_ARG(store && fn);
+	rc = idem__with_txn(store, fn, ctx, NULL);
 	if (rc < 0)
 		idem__store_count_error(store, rc);
 	return rc < 0 ? rc : 0;

@@ -111,12 +111,42 @@ static void writers_follow_capabilities(void **state)
 	free(url);
 }
 
+static int nothing(idem_txn *txn, void *ctx)
+{
+	(void)txn;
+	(void)ctx;
+	return 0;
+}
+
+/* A caller's mistake at the API boundary is IDEM_EINVAL, never a crash. */
+static void bad_arguments_are_einval(void **state)
+{
+	idem_store *store = NULL;
+	int v = 0;
+
+	(void)state;
+	assert_int_equal(idem_store_open(&store, "sqlite::memory:", NULL), 0);
+	assert_int_equal(idem_store_ping(NULL), IDEM_EINVAL);
+	assert_non_null(strstr(idem_error_last()->message, "invalid argument"));
+	assert_int_equal(idem_store_migrate(NULL, &v), IDEM_EINVAL);
+	assert_int_equal(idem_store_schema_version(store, NULL), IDEM_EINVAL);
+	assert_int_equal(idem_store_purge(NULL, 10, 1, NULL), IDEM_EINVAL);
+	assert_int_equal(idem_store_query(store, NULL, NULL, 0, NULL, NULL), IDEM_EINVAL);
+	assert_int_equal(idem_store_query(store, "SELECT 1", NULL, 2, NULL, NULL), IDEM_EINVAL);
+	assert_int_equal(idem_store_transact(store, NULL, NULL), IDEM_EINVAL);
+	assert_int_equal(idem_txn_exec(NULL, "SELECT 1", NULL, 0, NULL), IDEM_EINVAL);
+	assert_int_equal(idem_store_transact(store, nothing, NULL), 0);
+	assert_int_equal(idem_store_ping(store), 0);
+	idem_store_close(store);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(other_ops_version_is_refused),
 	    cmocka_unit_test(null_ops_refused),
 	    cmocka_unit_test(writers_follow_capabilities),
+	    cmocka_unit_test(bad_arguments_are_einval),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
