@@ -219,6 +219,9 @@ static void migrations_race_across_processes(void **state)
 			idem_store *s = NULL;
 			int rc = idem_store_open(&s, url, NULL);
 
+			if (rc != 0) /* say why: this race is the point of the test */
+				fprintf(stderr, "child %d: open: %d %s\n", i, rc,
+					idem_error_last()->message);
 			idem_store_close(s);
 			_exit(rc == 0 ? 0 : 1);
 		}
