@@ -225,31 +225,54 @@ static void *writer_main(void *arg)
 	return NULL;
 }
 
-int idem__batch_start(idem__batch **out, idem_store *store)
+int idem__batch_start_n(idem__batch **out, idem_store *store, int n)
 {
-	/* SQLite has one writer per database: more threads would only queue. */
-	int n = strcmp(store->ops->name, "sqlite") == 0 ? 1 : store->opts.writers;
-	idem__batch *b = calloc(1, sizeof(*b) + (size_t)n * sizeof(writer));
+	idem__batch *b = NULL;
+	int rc = 0;
 
 	*out = NULL;
-	if (!b)
+	if (n < 1 || !(b = calloc(1, sizeof(*b) + (size_t)n * sizeof(writer))))
 		return idem__error(IDEM_ENOMEM, "out of memory");
 	b->store = store;
-	b->nwriters = n;
 	for (int i = 0; i < n; i++) {
 		writer *w = &b->w[i];
 
 		w->b = b;
-		pthread_mutex_init(&w->lock, NULL);
-		pthread_cond_init(&w->cond, NULL);
+		if (pthread_mutex_init(&w->lock, NULL) != 0) {
+			rc = idem__error(IDEM_ENOMEM, "cannot create a group commit lock");
+			goto done;
+		}
+		if (pthread_cond_init(&w->cond, NULL) != 0) {
+			pthread_mutex_destroy(&w->lock);
+			rc = idem__error(IDEM_ENOMEM, "cannot create a group commit lock");
+			goto done;
+		}
+		/* From here on stop() tears this writer down, and only these. */
+		b->nwriters = i + 1;
 		if (pthread_create(&w->thread, NULL, writer_main, w) != 0) {
-			idem__batch_stop(b);
-			return idem__error(IDEM_ENOMEM, "cannot start group commit writer");
+			rc = idem__error(IDEM_ENOMEM, "cannot start group commit writer");
+			goto done;
 		}
 		w->started = 1;
 	}
 	*out = b;
-	return 0;
+	b = NULL;
+done:
+	idem__batch_stop(b);
+	return rc;
+}
+
+int idem__batch_start(idem__batch **out, idem_store *store)
+{
+	/* One write transaction at a time (SQLite): more threads would only queue. */
+	int n = store->ops->caps & IDEM__CAP_ONE_WRITER ? 1 : store->opts.writers;
+
+	return idem__batch_start_n(out, store, n);
+}
+
+int idem__batch_writers(const idem__batch *b)
+{
+	return b ? b->nwriters : 0;
 }
 
 void idem__batch_stop(idem__batch *b)
@@ -267,6 +290,7 @@ void idem__batch_stop(idem__batch *b)
 		pthread_mutex_unlock(&w->lock);
 		pthread_join(w->thread, NULL);
 	}
+	/* nwriters counts the writers whose lock and condition were initialised. */
 	for (int i = 0; i < b->nwriters; i++) {
 		pthread_mutex_destroy(&b->w[i].lock);
 		pthread_cond_destroy(&b->w[i].cond);
@@ -283,45 +307,27 @@ static unsigned scope_hash(const char *s)
 	return h;
 }
 
-void idem_execute_async(idem_store *store, const idem_request *req, idem_work_fn work, void *ctx,
-                        idem_done_fn done, void *done_ctx)
+int idem__batch_submit(idem__batch *b, const idem_request *req, idem_work_fn work, void *ctx,
+                       idem_done_fn done, void *done_ctx)
 {
-	idem_result res = {0};
-	idem__key k;
 	unit *u = NULL;
 	writer *w;
 	int rc;
 
-	if ((rc = idem__request_key(&k, req)) < 0) {
-		done(done_ctx, rc, &res);
-		return;
-	}
-	if (!work) {
-		rc = idem__error(IDEM_EINVAL, "idem_execute_async: work is required");
-		goto answer;
-	}
-	if ((rc = idem__fast_path(store, &k, req->fingerprint, &res)) != 0)
-		goto answer;
-	if (!store->batch) {
-		rc = idem__execute_direct(store, &k, req, work, ctx, &res);
-		goto answer;
-	}
-	if (!(u = calloc(1, sizeof(*u)))) {
-		rc = idem__error(IDEM_ENOMEM, "out of memory");
-		goto answer;
-	}
+	if (!(u = calloc(1, sizeof(*u))))
+		return idem__error(IDEM_ENOMEM, "out of memory");
 	u->req = *req;
 	if ((rc = idem__request_key(&u->key, &u->req)) < 0 ||
 	    (rc = idem__rand_hex(u->owner, 16)) < 0) {
 		free(u);
-		goto answer;
+		return rc;
 	}
 	u->work = work;
 	u->ctx = ctx;
 	u->done = done;
 	u->done_ctx = done_ctx;
 	u->queued_us = idem__clock_monotonic_us();
-	w = &store->batch->w[scope_hash(req->scope) % (unsigned)store->batch->nwriters];
+	w = &b->w[scope_hash(req->scope) % (unsigned)b->nwriters];
 	pthread_mutex_lock(&w->lock);
 	if (w->tail)
 		w->tail->next = u;
@@ -331,10 +337,5 @@ void idem_execute_async(idem_store *store, const idem_request *req, idem_work_fn
 	w->queued++;
 	pthread_cond_signal(&w->cond);
 	pthread_mutex_unlock(&w->lock);
-	return;
-answer:
-	if (rc > 0)
-		rc = 0;
-	idem__count(store, req->business_type, rc, &res);
-	done(done_ctx, rc, &res);
+	return 0;
 }

@@ -42,6 +42,7 @@ typedef struct {
 struct idem__cache {
 	shard shards[SHARDS];
 	size_t max_bytes, max_entries; /* per shard */
+	int nlocks;                    /* shards whose lock is initialised: free destroys these */
 	_Atomic uint64_t hits, misses, evictions;
 };
 
@@ -86,7 +87,11 @@ idem__cache *idem__cache_new(size_t max_bytes, size_t max_entries)
 	for (int i = 0; i < SHARDS; i++) {
 		shard *s = &c->shards[i];
 
-		pthread_mutex_init(&s->lock, NULL);
+		if (pthread_mutex_init(&s->lock, NULL) != 0) {
+			idem__cache_free(c);
+			return NULL;
+		}
+		c->nlocks = i + 1;
 		s->nbuckets = 256;
 		while (s->nbuckets < c->max_entries && s->nbuckets < (1u << 22))
 			s->nbuckets *= 2;
@@ -117,7 +122,8 @@ void idem__cache_free(idem__cache *c)
 			free(e);
 		}
 		free(s->table);
-		pthread_mutex_destroy(&s->lock);
+		if (i < c->nlocks)
+			pthread_mutex_destroy(&s->lock);
 	}
 	free(c);
 }

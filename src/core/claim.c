@@ -27,7 +27,7 @@
 #include "idem/claim.h"
 #include "idem/metrics.h"
 #include "idem/util.h"
-#include "store/store.h"
+#include "core/engine.h"
 #include "util/error.h"
 #include "util/rand.h"
 #include "util/waiter.h"
@@ -40,40 +40,6 @@ struct idem_claim {
 	char owner[33];
 	char type[IDEM_TYPE_MAX + 1];
 };
-
-const char *idem_outcome_name(idem_outcome o)
-{
-	switch (o) {
-	case IDEM_FIRST: return "first";
-	case IDEM_REPLAY: return "replay";
-	case IDEM_IN_PROGRESS: return "in_progress";
-	case IDEM_MISMATCH: return "mismatch";
-	}
-	return "error";
-}
-
-void idem_result_clear(idem_result *res)
-{
-	if (!res)
-		return;
-	free(res->body);
-	memset(res, 0, sizeof(*res));
-}
-
-int idem_response_set(idem_response *resp, int http_status, const void *body, size_t len)
-{
-	unsigned char *copy = malloc(len ? len : 1);
-
-	if (!copy)
-		return idem__error(IDEM_ENOMEM, "out of memory");
-	if (len)
-		memcpy(copy, body, len);
-	free(resp->body);
-	resp->http_status = http_status;
-	resp->body = copy;
-	resp->body_len = len;
-	return 0;
-}
 
 static int type_validate(const char *s)
 {
@@ -175,7 +141,7 @@ int idem__fast_path(idem_store *s, const idem__key *k, const char *fp, idem_resu
 
 	if (rc != 0)
 		return rc;
-	if ((rc = idem__rec_read(s, k, &ex)) == IDEM_ENOTFOUND)
+	if ((rc = idem__rec_read(s->ops, s->be, k, &ex)) == IDEM_ENOTFOUND)
 		return 0;
 	if (rc < 0)
 		return rc;
@@ -274,7 +240,7 @@ static idem__status status_for(int http_status)
 static int work_and_complete(idem_txn *txn, int64_t id, const char *owner, idem_work_fn work,
                              void *ctx, idem_result *out)
 {
-	const idem__backend_ops *ops = txn->store->ops;
+	const idem__backend_ops *ops = txn->ops;
 	idem_response resp = {0, NULL, 0, 1};
 	int rc, changed = 0;
 
@@ -287,7 +253,8 @@ static int work_and_complete(idem_txn *txn, int64_t id, const char *owner, idem_
 	}
 	if (resp.persist) {
 		rc = ops->rec_complete(txn, id, owner, status_for(resp.http_status),
-		                       resp.http_status, resp.body, resp.body_len, &changed);
+		                       resp.http_status, resp.body, resp.body_len,
+		                       idem_store_now(txn->store), &changed);
 		if (rc == 0 && !changed)
 			rc = idem__error(IDEM_ELEASE, "the claim's lease was taken over");
 		if (rc < 0)
@@ -312,7 +279,7 @@ done:
 int idem__run_unit(idem_txn *txn, const idem__key *k, const idem_request *req, const char *owner,
                    idem_work_fn work, void *ctx, idem_result *out)
 {
-	const idem__backend_ops *ops = txn->store->ops;
+	const idem__backend_ops *ops = txn->ops;
 	int64_t id = 0;
 	int rc;
 
@@ -354,50 +321,33 @@ typedef struct {
 	idem_result *out;
 } step;
 
+/* One unit in a transaction of its own: a closure for idem__with_txn. */
+typedef struct {
+	const idem__key *k;
+	const idem_request *req;
+	char owner[33];
+	idem_work_fn work;
+	void *ctx;
+	idem_result *out;
+} direct_unit;
+
 static int unit_step(idem_txn *txn, void *arg)
 {
-	step *s = arg;
+	direct_unit *u = arg;
 
-	return idem__run_unit(txn, s->k, s->req, s->owner, s->work, s->ctx, s->out);
+	return idem__run_unit(txn, u->k, u->req, u->owner, u->work, u->ctx, u->out);
 }
 
 int idem__execute_direct(idem_store *store, const idem__key *k, const idem_request *req,
                          idem_work_fn work, void *ctx, idem_result *out)
 {
-	step s = {k, req, NULL, "", 0, work, ctx, out};
+	direct_unit u = {k, req, "", work, ctx, out};
 	int rc;
 
-	if ((rc = idem__rand_hex(s.owner, 16)) < 0)
+	if ((rc = idem__rand_hex(u.owner, 16)) < 0)
 		return rc;
-	if ((rc = idem__with_txn(store, unit_step, &s, out)) == 0)
+	if ((rc = idem__with_txn(store, unit_step, &u, out)) == 0)
 		idem__cache_after_commit(store, k, req, out);
-	return rc;
-}
-
-int idem_execute(idem_result *out, idem_store *store, const idem_request *req, idem_work_fn work,
-                 void *ctx)
-{
-	idem__key k;
-	int rc;
-
-	memset(out, 0, sizeof(*out));
-	if (store->batch) {
-		/* Group commit: queue like everyone else and wait for the COMMIT. */
-		idem__waiter w;
-
-		idem__waiter_init(&w);
-		idem_execute_async(store, req, work, ctx, idem__waiter_done, &w);
-		return idem__waiter_wait(&w, out);
-	}
-	if ((rc = idem__request_key(&k, req)) < 0)
-		return rc;
-	if (!work)
-		return idem__error(IDEM_EINVAL, "idem_execute: work is required");
-	if ((rc = idem__fast_path(store, &k, req->fingerprint, out)) == 0)
-		rc = idem__execute_direct(store, &k, req, work, ctx, out);
-	if (rc > 0)
-		rc = 0;
-	idem__count(store, req->business_type, rc, out);
 	return rc;
 }
 
@@ -464,12 +414,13 @@ static int owned_step(idem_txn *txn, void *arg)
 {
 	owned *o = arg;
 	idem_claim *c = o->c;
-	const idem__backend_ops *ops = txn->store->ops;
+	const idem__backend_ops *ops = txn->ops;
 	int rc, changed = 0;
 
 	if (o->op == OP_COMPLETE)
 		rc = ops->rec_complete(txn, c->id, c->owner, status_for(o->http_status),
-		                       o->http_status, o->body, o->len, &changed);
+		                       o->http_status, o->body, o->len, idem_store_now(c->store),
+		                       &changed);
 	else if (o->op == OP_EXTEND)
 		rc = ops->rec_extend(txn, c->id, c->owner, idem_store_now(c->store) + o->lease_ms,
 		                     &changed);
@@ -508,7 +459,7 @@ static int finish_step(idem_txn *txn, void *arg)
 	idem_work_fn work = s->work;
 	void *ctx = s->ctx;
 	idem_result *out = s->out;
-	const idem__backend_ops *ops = txn->store->ops;
+	const idem__backend_ops *ops = txn->ops;
 	int rc, changed = 0;
 
 	if ((rc = ops->savepoint(txn, "idem_unit")) < 0)
@@ -570,7 +521,7 @@ int idem_record_get(idem_record_info *out, idem_store *store, const char *scope,
 	memset(out, 0, sizeof(*out));
 	if ((rc = key_from_parts(&k, scope, business_type, key, key_len)) < 0)
 		return rc;
-	if ((rc = idem__rec_read(store, &k, &rec)) < 0) {
+	if ((rc = idem__rec_read(store->ops, store->be, &k, &rec)) < 0) {
 		if (rc != IDEM_ENOTFOUND)
 			idem__store_count_error(store, rc);
 		return rc;
@@ -584,12 +535,4 @@ int idem_record_get(idem_record_info *out, idem_store *store, const char *scope,
 	out->body = rec.body;
 	out->body_len = rec.body_len;
 	return 0;
-}
-
-void idem_record_info_clear(idem_record_info *info)
-{
-	if (!info)
-		return;
-	free(info->body);
-	memset(info, 0, sizeof(*info));
 }

@@ -5,7 +5,7 @@
 #ifndef IDEM_CORE_CLAIM_INTERNAL_H
 #define IDEM_CORE_CLAIM_INTERNAL_H
 
-#include "store/store.h"
+#include "core/engine.h"
 
 /* Validate req and point k at its parts. */
 int idem__request_key(idem__key *k, const idem_request *req);
@@ -31,7 +31,18 @@ void idem__count(idem_store *s, const char *type, int rc, const idem_result *out
 /* Group commit writers: started by idem_store_open when opts.batch_max > 1. */
 typedef struct idem__batch idem__batch;
 int idem__batch_start(idem__batch **out, idem_store *store);
+/* The same with exactly nwriters writers (tests). On failure *out is NULL. */
+int idem__batch_start_n(idem__batch **out, idem_store *store, int nwriters);
+/* How many writer threads b runs (0 for NULL). */
+int idem__batch_writers(const idem__batch *b);
 /* Drain the queues, then stop and free the writers. NULL is accepted. */
 void idem__batch_stop(idem__batch *b);
+/*
+ * Queue req for its scope's writer: done is called on the writer thread
+ * after the COMMIT of its batch. 0 when queued; an error (nothing queued,
+ * done not called) otherwise. req's strings must outlive done.
+ */
+int idem__batch_submit(idem__batch *b, const idem_request *req, idem_work_fn work, void *ctx,
+                       idem_done_fn done, void *done_ctx);
 
 #endif

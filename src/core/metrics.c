@@ -12,7 +12,7 @@
 
 #include "core/cache.h"
 #include "idem/metrics.h"
-#include "store/store.h"
+#include "core/engine.h"
 
 void idem__metrics_init(idem__metrics *m)
 {

@@ -1,11 +1,15 @@
 /*
  * store/backend.h: the contract between src/core and a database backend.
- * A backend is a versioned table of functions, one file per driver
- * (sqlite.c; postgres.c and mariadb.c come next). Core decides outcomes and
- * never sees SQL; a backend runs its own dialect and classifies its driver's
- * errors precisely: IDEM__DUPLICATE only for a conflict on the idempotency
- * index of the claim INSERT, IDEM_ERETRY only for transient lock failures,
- * never "something went wrong" as "duplicate".
+ * A backend is a versioned table of functions with capability bits, one
+ * file per driver (sqlite.c, postgres.c, mariadb.c; the two server drivers
+ * share netdb.c). The engine (core/engine.c) refuses a table whose version
+ * is not IDEM__BACKEND_OPS_VERSION and asks capabilities, never names.
+ * Core decides outcomes and never sees SQL; a backend runs its own dialect
+ * and classifies its driver's errors precisely: IDEM__DUPLICATE only for a
+ * conflict on the idempotency index of the claim INSERT, IDEM_ERETRY only
+ * for transient lock failures, never "something went wrong" as "duplicate".
+ * A backend never looks inside idem_store (an opaque pointer here) and never
+ * calls back into the engine: the options it is opened with carry the clock.
  */
 #ifndef IDEM_STORE_BACKEND_H
 #define IDEM_STORE_BACKEND_H
@@ -54,18 +58,27 @@ void idem__record_clear(idem__record *rec);
 
 typedef struct idem__backend idem__backend;
 
+typedef struct idem__backend_ops idem__backend_ops;
+
 /* Every backend's transaction begins with this header. */
 struct idem_txn {
-	idem_store *store;
+	const idem__backend_ops *ops; /* the backend running it */
+	idem_store *store;            /* the engine it belongs to: opaque, for idem_txn_store */
 };
 
-#define IDEM__BACKEND_OPS_VERSION 1
+/* Bump when the shape or the meaning of idem__backend_ops changes. */
+#define IDEM__BACKEND_OPS_VERSION 2
 
-typedef struct {
+/* Capabilities (idem__backend_ops.caps). */
+#define IDEM__CAP_ONE_WRITER 0x1u /* one write transaction at a time: one group-commit writer */
+
+struct idem__backend_ops {
 	int version; /* IDEM__BACKEND_OPS_VERSION */
 	const char *name;
+	unsigned caps; /* IDEM__CAP_* */
 
-	/* target: the URL with its scheme removed. */
+	/* target: the URL with its scheme removed. store: the engine, opaque,
+	 * to put in each transaction's header. opts.clock is never NULL. */
 	int (*open)(idem__backend **out, idem_store *store, const char *target,
 		    const idem_store_opts *opts);
 	void (*close)(idem__backend *be);
@@ -90,9 +103,10 @@ typedef struct {
 	 * *changed is 1 when it still was at that version, else 0. */
 	int (*rec_takeover)(idem_txn *txn, int64_t id, int64_t version, const idem__record *rec,
 			    int *changed);
-	/* Complete PROCESSING record id held by owner. *changed 0: lease lost. */
+	/* Complete PROCESSING record id held by owner at now. *changed 0: lease lost. */
 	int (*rec_complete)(idem_txn *txn, int64_t id, const char *owner, idem__status st,
-			    int http_status, const unsigned char *body, size_t len, int *changed);
+			    int http_status, const unsigned char *body, size_t len, int64_t now,
+			    int *changed);
 	/* Set lease_until of PROCESSING record id held by owner. */
 	int (*rec_extend)(idem_txn *txn, int64_t id, const char *owner, int64_t lease_until,
 			  int *changed);
@@ -113,9 +127,18 @@ typedef struct {
 			 idem_row_fn fn, void *ctx);
 	int (*read_query)(idem__backend *be, const char *sql, const idem_value *params, int n,
 			  idem_row_fn fn, void *ctx);
-} idem__backend_ops;
+};
 
+/* The drivers (sqlite.c, postgres.c, mariadb.c). */
 extern const idem__backend_ops idem__sqlite_ops;
+extern const idem__backend_ops idem__postgres_ops;
+extern const idem__backend_ops idem__mariadb_ops;
+
+/*
+ * The backend for url's scheme (store/backends.c), *target pointed past the
+ * scheme; NULL for an unknown scheme.
+ */
+const idem__backend_ops *idem__backend_find(const char *url, const char **target);
 
 /*
  * Reading a record, the same SQL everywhere (records.c), on top of the
@@ -124,7 +147,8 @@ extern const idem__backend_ops idem__sqlite_ops;
  * idem__rec_read on a read connection, outside any write transaction.
  */
 int idem__rec_get(idem_txn *txn, const idem__key *k, idem__record *out);
-int idem__rec_read(idem_store *store, const idem__key *k, idem__record *out);
+int idem__rec_read(const idem__backend_ops *ops, idem__backend *be, const idem__key *k,
+		   idem__record *out);
 
 /*
  * The record writes every backend shares (records.c): plain conditional SQL
@@ -133,12 +157,10 @@ int idem__rec_read(idem_store *store, const idem__key *k, idem__record *out);
 int idem__rec_takeover(idem_txn *txn, int64_t id, int64_t version, const idem__record *rec,
 		       int *changed);
 int idem__rec_complete(idem_txn *txn, int64_t id, const char *owner, idem__status st,
-		       int http_status, const unsigned char *body, size_t len, int *changed);
+		       int http_status, const unsigned char *body, size_t len, int64_t now,
+		       int *changed);
 int idem__rec_extend(idem_txn *txn, int64_t id, const char *owner, int64_t lease_until,
 		     int *changed);
 int idem__rec_delete_owned(idem_txn *txn, int64_t id, const char *owner, int *changed);
-
-/* Note a store error of code in the store's metrics (called by core on failures). */
-void idem__store_count_error(idem_store *store, int code);
 
 #endif

@@ -34,7 +34,7 @@
 
 #include "store/mariadb.h"
 #include "store/netdb.h"
-#include "store/store.h"
+#include "store/schema.h"
 #include "util/error.h"
 
 #define STMT_CACHE 64
@@ -128,6 +128,11 @@ static int classify(conn *c, unsigned int err, const char *state, const char *ms
 	case 4031:                    /* disconnected by the server for inactivity */
 		c->broken = 1;
 		code = IDEM_EUNAVAIL;
+		break;
+	case 1264: /* ER_WARN_DATA_OUT_OF_RANGE: a value outside its column's range */
+	case 1690: /* ER_DATA_OUT_OF_RANGE: an expression's result out of range */
+		/* The request's values, not the store: permanent, never "unavailable". */
+		code = IDEM_EINVAL;
 		break;
 	case ER_CON_COUNT_ERROR: /* 1040: too many connections */
 		code = IDEM_EUNAVAIL;
@@ -688,10 +693,23 @@ static int take(idem__backend *be, int writer, conn **out, int *fresh)
 	return 0;
 }
 
+/* The server's status flags say a transaction is open on c. */
+static int in_transaction(conn *c)
+{
+	unsigned int status = 0;
+
+	if (mariadb_get_infov(c->my, MARIADB_CONNECTION_SERVER_STATUS, &status) != 0)
+		return 1; /* cannot tell: treat it as out of step */
+	return (status & SERVER_STATUS_IN_TRANS) != 0;
+}
+
 static void give(idem__backend *be, conn *c)
 {
 	int writer = c >= be->writers && c < be->writers + IDEM__NET_WRITERS;
 
+	/* A connection left inside a transaction is out of step: drop it. */
+	if (c->my && !c->broken && in_transaction(c))
+		c->broken = 1;
 	if (c->broken)
 		conn_close(c);
 	if (writer)
@@ -730,178 +748,6 @@ static int read_on(idem__backend *be, const char *sql, const idem_value *params,
 }
 
 /* ---- schema ---------------------------------------------------------- */
-
-/*
- * DDL commits implicitly in MariaDB, so a version is applied statement by
- * statement and recorded after it succeeded; each statement is written to be
- * rerun (IF NOT EXISTS) after a migration that died half way.
- */
-static const char *const migration_1[] = {
-	"CREATE TABLE IF NOT EXISTS idem_records ("
-	" id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,"
-	" scope VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin NOT NULL"
-	"  CHECK (CHAR_LENGTH(scope) BETWEEN 1 AND 128),"
-	" business_type VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin NOT NULL"
-	"  CHECK (CHAR_LENGTH(business_type) BETWEEN 1 AND 64),"
-	" idem_key VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin NOT NULL"
-	"  CHECK (CHAR_LENGTH(idem_key) BETWEEN 1 AND 255),"
-	" version BIGINT NOT NULL,"
-	" status VARCHAR(16) NOT NULL CHECK (status IN ('PROCESSING','SUCCEEDED','FAILED')),"
-	" fingerprint VARCHAR(64) NOT NULL,"
-	" owner VARCHAR(64) NULL,"
-	" http_status INT NULL,"
-	" response LONGBLOB NULL,"
-	" lease_until BIGINT NULL,"
-	" created_at BIGINT NOT NULL,"
-	" expires_at BIGINT NOT NULL,"
-	" completed_at BIGINT NULL,"
-	" UNIQUE KEY idem_records_key (scope, business_type, idem_key),"
-	" KEY idem_records_expiry (expires_at)"
-	") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
-	NULL,
-};
-
-/*
- * 2: the payment domain (src/pay), as sqlite.c's migration 2. Identifiers
- * are bounded VARCHARs (a key needs a length here): generated ids are 36
- * bytes, natural keys at most 64, channel names 32. utf8mb4_nopad_bin
- * throughout, so business unique keys compare byte for byte as well.
- */
-#define PAY_TABLE " ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_nopad_bin"
-
-static const char *const migration_2[] = {
-	"CREATE TABLE IF NOT EXISTS merchants ("
-	" id VARCHAR(64) NOT NULL PRIMARY KEY,"
-	" name VARCHAR(255) NOT NULL,"
-	" key_id VARCHAR(64) NOT NULL UNIQUE,"
-	" key_digest VARCHAR(128) NOT NULL,"
-	" lock_version BIGINT NOT NULL DEFAULT 0,"
-	" created_at BIGINT NOT NULL"
-	")" PAY_TABLE,
-	"CREATE TABLE IF NOT EXISTS channels ("
-	" name VARCHAR(64) NOT NULL PRIMARY KEY,"
-	" secret VARCHAR(255) NOT NULL,"
-	" created_at BIGINT NOT NULL"
-	")" PAY_TABLE,
-	"CREATE TABLE IF NOT EXISTS payments ("
-	" id VARCHAR(64) NOT NULL PRIMARY KEY,"
-	" merchant_id VARCHAR(64) NOT NULL,"
-	" merchant_order_no VARCHAR(128) NOT NULL,"
-	" amount BIGINT NOT NULL CHECK (amount BETWEEN 1 AND 1000000000000000),"
-	" currency VARCHAR(8) NOT NULL CHECK (CHAR_LENGTH(currency) = 3),"
-	" channel VARCHAR(64) NOT NULL,"
-	" description TEXT NULL,"
-	" metadata MEDIUMTEXT NULL,"
-	" status VARCHAR(32) NOT NULL CHECK (status IN ('processing','succeeded','failed',"
-	"  'partially_refunded','refunded')),"
-	" refunded_amount BIGINT NOT NULL,"
-	" channel_txn_id VARCHAR(255) NULL,"
-	" fingerprint VARCHAR(64) NOT NULL,"
-	" created_at BIGINT NOT NULL,"
-	" updated_at BIGINT NOT NULL,"
-	" CONSTRAINT payments_refunded CHECK (refunded_amount BETWEEN 0 AND amount),"
-	" UNIQUE KEY payments_order (merchant_id, merchant_order_no),"
-	" FOREIGN KEY (merchant_id) REFERENCES merchants (id),"
-	" FOREIGN KEY (channel) REFERENCES channels (name)"
-	")" PAY_TABLE,
-	"CREATE TABLE IF NOT EXISTS refunds ("
-	" id VARCHAR(64) NOT NULL PRIMARY KEY,"
-	" merchant_id VARCHAR(64) NOT NULL,"
-	" refund_request_no VARCHAR(128) NOT NULL,"
-	" payment_id VARCHAR(64) NOT NULL,"
-	" amount BIGINT NOT NULL CHECK (amount > 0),"
-	" currency VARCHAR(8) NOT NULL,"
-	" reason TEXT NULL,"
-	" status VARCHAR(32) NOT NULL,"
-	" fingerprint VARCHAR(64) NOT NULL,"
-	" created_at BIGINT NOT NULL,"
-	" UNIQUE KEY refunds_request (merchant_id, refund_request_no),"
-	" FOREIGN KEY (merchant_id) REFERENCES merchants (id),"
-	" FOREIGN KEY (payment_id) REFERENCES payments (id)"
-	")" PAY_TABLE,
-	"CREATE TABLE IF NOT EXISTS transfers ("
-	" id VARCHAR(64) NOT NULL PRIMARY KEY,"
-	" transfer_no VARCHAR(128) NOT NULL,"
-	" from_merchant VARCHAR(64) NOT NULL,"
-	" to_merchant VARCHAR(64) NOT NULL,"
-	" amount BIGINT NOT NULL CHECK (amount > 0),"
-	" currency VARCHAR(8) NOT NULL,"
-	" status VARCHAR(32) NOT NULL,"
-	" fingerprint VARCHAR(64) NOT NULL,"
-	" created_at BIGINT NOT NULL,"
-	" UNIQUE KEY transfers_no (from_merchant, transfer_no),"
-	" FOREIGN KEY (from_merchant) REFERENCES merchants (id),"
-	" FOREIGN KEY (to_merchant) REFERENCES merchants (id)"
-	")" PAY_TABLE,
-	"CREATE TABLE IF NOT EXISTS notifications ("
-	" channel VARCHAR(64) NOT NULL,"
-	" notify_id VARCHAR(128) NOT NULL,"
-	" payment_id VARCHAR(64) NOT NULL,"
-	" channel_txn_id VARCHAR(255) NOT NULL,"
-	" status VARCHAR(32) NOT NULL,"
-	" amount BIGINT NOT NULL,"
-	" created_at BIGINT NOT NULL,"
-	" UNIQUE KEY notifications_id (channel, notify_id)"
-	")" PAY_TABLE,
-	"CREATE TABLE IF NOT EXISTS ledger_entries ("
-	" id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,"
-	" merchant_id VARCHAR(64) NOT NULL,"
-	" currency VARCHAR(8) NOT NULL,"
-	" amount BIGINT NOT NULL CHECK (amount <> 0),"
-	" kind VARCHAR(32) NOT NULL,"
-	" ref_id VARCHAR(64) NOT NULL,"
-	" created_at BIGINT NOT NULL,"
-	" UNIQUE KEY ledger_entries_ref (kind, ref_id, merchant_id),"
-	" KEY ledger_entries_merchant (merchant_id, currency),"
-	" FOREIGN KEY (merchant_id) REFERENCES merchants (id)"
-	")" PAY_TABLE,
-	"CREATE TABLE IF NOT EXISTS balances ("
-	" merchant_id VARCHAR(64) NOT NULL,"
-	" currency VARCHAR(8) NOT NULL,"
-	" amount BIGINT NOT NULL CHECK (amount >= 0),"
-	" PRIMARY KEY (merchant_id, currency),"
-	" FOREIGN KEY (merchant_id) REFERENCES merchants (id)"
-	")" PAY_TABLE,
-	NULL,
-};
-
-/*
- * 3: operations, as sqlite.c's migration 3: idemd's flushed outcome
- * counters and the reconciliation rows; keys utf8mb4_nopad_bin.
- */
-static const char *const migration_3[] = {
-	"CREATE TABLE IF NOT EXISTS idem_stats ("
-	" instance_id VARCHAR(64) NOT NULL,"
-	" interval_start BIGINT NOT NULL,"
-	" interval_end BIGINT NOT NULL,"
-	" business_type VARCHAR(64) NOT NULL,"
-	" outcome VARCHAR(16) NOT NULL,"
-	" n BIGINT NOT NULL CHECK (n >= 0),"
-	" PRIMARY KEY (instance_id, interval_start, business_type, outcome),"
-	" KEY idem_stats_end (interval_end)"
-	")" PAY_TABLE,
-	"CREATE TABLE IF NOT EXISTS recon_rows ("
-	" channel VARCHAR(64) NOT NULL,"
-	" channel_txn_id VARCHAR(255) NOT NULL,"
-	" merchant_id VARCHAR(64) NOT NULL,"
-	" merchant_order_no VARCHAR(128) NOT NULL,"
-	" amount BIGINT NOT NULL,"
-	" currency VARCHAR(8) NOT NULL,"
-	" status VARCHAR(16) NOT NULL CHECK (status IN ('SUCCESS','FAILED')),"
-	" paid_at VARCHAR(64) NOT NULL,"
-	" result VARCHAR(16) NOT NULL"
-	"  CHECK (result IN ('matched','mismatched','missing_local')),"
-	" payment_id VARCHAR(64) NULL,"
-	" detail VARCHAR(255) NULL,"
-	" imported_at BIGINT NOT NULL,"
-	" UNIQUE KEY recon_rows_txn (channel, channel_txn_id)"
-	")" PAY_TABLE,
-	NULL,
-};
-
-static const char *const *const migrations[] = {migration_1, migration_2, migration_3};
-
-#define SCHEMA_LATEST ((int)(sizeof(migrations) / sizeof(migrations[0])))
 
 static int version_in(conn *c, int *out)
 {
@@ -959,16 +805,16 @@ static int my_migrate(idem__backend *be, int *version_out)
 			 "schema table")) < 0 ||
 	    (rc = version_in(c, &cur)) < 0)
 		goto out;
-	if (cur > SCHEMA_LATEST) {
+	if (cur > IDEM__MY_SCHEMA_LATEST) {
 		rc = idem__error(IDEM_ESCHEMA,
 				 "database schema version %d is newer than this library's %d", cur,
-				 SCHEMA_LATEST);
+				 IDEM__MY_SCHEMA_LATEST);
 		goto out;
 	}
-	for (int v = cur + 1; v <= SCHEMA_LATEST; v++) {
-		idem_value p[2] = {IDEM_V_INT(v), IDEM_V_INT(idem_store_now(be->store))};
+	for (int v = cur + 1; v <= IDEM__MY_SCHEMA_LATEST; v++) {
+		idem_value p[2] = {IDEM_V_INT(v), IDEM_V_INT(be->opts.clock(be->opts.clock_ctx))};
 
-		for (const char *const *s = migrations[v - 1]; *s; s++)
+		for (const char *const *s = idem__my_migrations[v - 1]; *s; s++)
 			if ((rc = simple(c, *s, "migration")) < 0)
 				goto out;
 		if ((rc = run(c, "INSERT INTO idem_schema_version (version, applied_at) VALUES (?, ?)",
@@ -1029,6 +875,7 @@ static int my_open(idem__backend **out, idem_store *store, const char *target,
 	}
 	for (int i = 0; i < IDEM__NET_WRITERS; i++) {
 		be->writers[i].txn.base.store = store;
+		be->writers[i].txn.base.ops = &idem__mariadb_ops;
 		be->writers[i].txn.be = be;
 		be->writers[i].txn.c = &be->writers[i];
 	}
@@ -1204,10 +1051,7 @@ static int my_rec_insert(idem_txn *txn, const idem__key *k, idem__record *rec)
 /* One batch through the expires_at index; a live lease is never purged. */
 static int my_purge_batch(idem__backend *be, int64_t now, int batch, int64_t *deleted)
 {
-	/* MariaDB takes no LIMIT in an IN subquery, but DELETE has its own. */
-	static const char sql[] =
-		"DELETE FROM idem_records WHERE expires_at <= ?"
-		" AND (status <> 'PROCESSING' OR lease_until <= ?) ORDER BY expires_at LIMIT ?";
+	const char *sql = idem__my_purge_sql;
 	idem_value p[3] = {IDEM_V_INT(now), IDEM_V_INT(now), IDEM_V_INT(batch)};
 	idem_txn *txn = NULL;
 	int rc;
@@ -1250,7 +1094,7 @@ const idem__backend_ops idem__mariadb_ops = {
 	.close = my_close,
 	.migrate = my_migrate,
 	.schema_version = my_schema_version,
-	.schema_latest = SCHEMA_LATEST,
+	.schema_latest = IDEM__MY_SCHEMA_LATEST,
 	.ping = my_ping,
 	.txn_begin = my_txn_begin,
 	.txn_commit = my_txn_commit,

@@ -11,10 +11,6 @@
 
 #include "store/backend.h"
 
-/* The server backends' tables (postgres.c, mariadb.c), for store.c. */
-extern const idem__backend_ops idem__postgres_ops;
-extern const idem__backend_ops idem__mariadb_ops;
-
 /* Writer connections per server store: units of work run on K writers. */
 #define IDEM__NET_WRITERS 8
 

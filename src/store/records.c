@@ -10,8 +10,44 @@
 #include <string.h>
 
 #include "store/backend.h"
-#include "store/store.h"
 #include "util/error.h"
+
+const char *idem__status_name(idem__status st)
+{
+	switch (st) {
+	case IDEM__ST_PROCESSING: return "PROCESSING";
+	case IDEM__ST_SUCCEEDED: return "SUCCEEDED";
+	case IDEM__ST_FAILED: return "FAILED";
+	}
+	return "?";
+}
+
+int idem__status_parse(const char *s, size_t len, idem__status *out)
+{
+	for (int st = IDEM__ST_PROCESSING; st <= IDEM__ST_FAILED; st++) {
+		const char *name = idem__status_name((idem__status)st);
+
+		if (strlen(name) == len && memcmp(name, s, len) == 0) {
+			*out = (idem__status)st;
+			return 0;
+		}
+	}
+	return idem__error(IDEM_ESTORE, "unknown record status '%.*s'", (int)len, s);
+}
+
+void idem__record_clear(idem__record *rec)
+{
+	if (!rec)
+		return;
+	free(rec->body);
+	memset(rec, 0, sizeof(*rec));
+}
+
+int idem_row_int(void *ctx, const idem_value *cols, int ncols)
+{
+	*(int64_t *)ctx = ncols > 0 && cols[0].type == IDEM_VAL_INT ? cols[0].i : 0;
+	return 1;
+}
 
 #define RECORD_COLS                                                                                \
 	"id, version, status, fingerprint, owner, http_status, response, lease_until, "            \
@@ -72,22 +108,23 @@ int idem__rec_get(idem_txn *txn, const idem__key *k, idem__record *out)
 	                   IDEM_V_TEXTN(k->key, k->key_len)};
 
 	memset(out, 0, sizeof(*out));
-	return got(txn->store->ops->txn_query(txn, sql_get, p, 3, record_row, out), out);
+	return got(txn->ops->txn_query(txn, sql_get, p, 3, record_row, out), out);
 }
 
-int idem__rec_read(idem_store *store, const idem__key *k, idem__record *out)
+int idem__rec_read(const idem__backend_ops *ops, idem__backend *be, const idem__key *k,
+                   idem__record *out)
 {
 	idem_value p[3] = {IDEM_V_TEXTN(k->scope, k->scope_len), IDEM_V_TEXTN(k->type, k->type_len),
 	                   IDEM_V_TEXTN(k->key, k->key_len)};
 
 	memset(out, 0, sizeof(*out));
-	return got(store->ops->read_query(store->be, sql_get, p, 3, record_row, out), out);
+	return got(ops->read_query(be, sql_get, p, 3, record_row, out), out);
 }
 
 static int changed_one(idem_txn *txn, const char *sql, const idem_value *p, int n, int *changed)
 {
 	int64_t ch = 0;
-	int rc = txn->store->ops->txn_exec(txn, sql, p, n, &ch);
+	int rc = txn->ops->txn_exec(txn, sql, p, n, &ch);
 
 	*changed = rc == 0 && ch == 1;
 	return rc;
@@ -113,7 +150,8 @@ int idem__rec_takeover(idem_txn *txn, int64_t id, int64_t version, const idem__r
 }
 
 int idem__rec_complete(idem_txn *txn, int64_t id, const char *owner, idem__status st,
-                       int http_status, const unsigned char *body, size_t len, int *changed)
+                       int http_status, const unsigned char *body, size_t len, int64_t now,
+                       int *changed)
 {
 	static const char sql[] =
 	    "UPDATE idem_records SET version = version + 1, status = ?, http_status = ?,"
@@ -121,7 +159,7 @@ int idem__rec_complete(idem_txn *txn, int64_t id, const char *owner, idem__statu
 	    " WHERE id = ? AND owner = ? AND status = 'PROCESSING'";
 	idem_value p[6] = {
 	    IDEM_V_TEXT(idem__status_name(st)),     IDEM_V_INT(http_status), IDEM_V_BLOB(body, len),
-	    IDEM_V_INT(idem_store_now(txn->store)), IDEM_V_INT(id),          IDEM_V_TEXT(owner)};
+	    IDEM_V_INT(now), IDEM_V_INT(id),          IDEM_V_TEXT(owner)};
 
 	return changed_one(txn, sql, p, 6, changed);
 }

@@ -21,7 +21,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "store/store.h"
+#include "store/backend.h"
+#include "store/schema.h"
 #include "util/error.h"
 
 #define STMT_CACHE 48
@@ -49,6 +50,8 @@ struct idem__backend {
 	idem_store_opts opts;
 
 	pthread_mutex_t wlock; /* held from BEGIN to COMMIT/ROLLBACK */
+	int wreentered;        /* reads nested in the holder's transaction (holder only) */
+	idem__backend *wprev;  /* the holder's wlock_held before it took this one */
 	conn writer;
 	sqlite_txn txn;
 
@@ -279,12 +282,43 @@ static int conn_open(conn *c, idem__backend *be, int reader)
 	return 0;
 }
 
+/*
+ * The backend whose write lock this thread holds (between BEGIN and
+ * COMMIT/ROLLBACK, or in a migration), NULL otherwise. Thread-local, so only
+ * the owning thread ever reads or writes it.
+ */
+static _Thread_local idem__backend *wlock_held;
+
+static void wlock_take(idem__backend *be)
+{
+	pthread_mutex_lock(&be->wlock);
+	be->wprev = wlock_held; /* another store's transaction on this thread */
+	wlock_held = be;
+}
+
+static void wlock_drop(idem__backend *be)
+{
+	wlock_held = be->wprev;
+	pthread_mutex_unlock(&be->wlock);
+}
+
+/*
+ * A connection for a read. Without reader connections (sqlite::memory:, or
+ * read_connections 0) the writer answers reads. A thread that already holds
+ * the writer (a read from inside its own transaction: a unit of work calling
+ * idem_store_query) uses it as it is: taking the lock again would deadlock
+ * on itself. That read then sees the transaction's own uncommitted writes:
+ * there is no other connection to see the database through.
+ */
 static conn *reader_get(idem__backend *be)
 {
 	conn *c;
 
 	if (be->nreaders == 0) {
-		pthread_mutex_lock(&be->wlock);
+		if (wlock_held != be)
+			pthread_mutex_lock(&be->wlock);
+		else
+			be->wreentered++;
 		return &be->writer;
 	}
 	pthread_mutex_lock(&be->rlock);
@@ -298,7 +332,10 @@ static conn *reader_get(idem__backend *be)
 static void reader_put(idem__backend *be, conn *c)
 {
 	if (c == &be->writer) {
-		pthread_mutex_unlock(&be->wlock);
+		if (be->wreentered > 0)
+			be->wreentered--; /* the transaction still holds the lock */
+		else
+			pthread_mutex_unlock(&be->wlock);
 		return;
 	}
 	pthread_mutex_lock(&be->rlock);
@@ -308,151 +345,6 @@ static void reader_put(idem__backend *be, conn *c)
 }
 
 /* ---- schema ---------------------------------------------------------- */
-
-static const char *const migrations[] = {
-	/* 1: idempotency records. Keys compare with SQLite's BINARY collation:
-	 * byte for byte, never trimmed or case-folded. */
-	"CREATE TABLE idem_records ("
-	" id INTEGER PRIMARY KEY,"
-	" scope TEXT NOT NULL CHECK (length(scope) BETWEEN 1 AND 128),"
-	" business_type TEXT NOT NULL CHECK (length(business_type) BETWEEN 1 AND 64),"
-	" idem_key TEXT NOT NULL CHECK (length(idem_key) BETWEEN 1 AND 255),"
-	" version INTEGER NOT NULL,"
-	" status TEXT NOT NULL CHECK (status IN ('PROCESSING','SUCCEEDED','FAILED')),"
-	" fingerprint TEXT NOT NULL,"
-	" owner TEXT,"
-	" http_status INTEGER,"
-	" response BLOB,"
-	" lease_until INTEGER,"
-	" created_at INTEGER NOT NULL,"
-	" expires_at INTEGER NOT NULL,"
-	" completed_at INTEGER"
-	");"
-	"CREATE UNIQUE INDEX idem_records_key ON idem_records (scope, business_type, idem_key);"
-	"CREATE INDEX idem_records_expiry ON idem_records (expires_at);",
-
-	/* 2: the payment domain (src/pay). Business unique indexes are the
-	 * last line of defence behind the idempotency records (DESIGN.md §3.5);
-	 * ledger_entries' (kind, ref_id, merchant_id) makes a second credit for
-	 * one event impossible even if everything above it failed. */
-	"CREATE TABLE merchants ("
-	" id TEXT PRIMARY KEY,"
-	" name TEXT NOT NULL,"
-	" key_id TEXT NOT NULL UNIQUE,"
-	" key_digest TEXT NOT NULL,"
-	" lock_version INTEGER NOT NULL DEFAULT 0,"
-	" created_at INTEGER NOT NULL"
-	");"
-	"CREATE TABLE channels ("
-	" name TEXT PRIMARY KEY,"
-	" secret TEXT NOT NULL,"
-	" created_at INTEGER NOT NULL"
-	");"
-	"CREATE TABLE payments ("
-	" id TEXT PRIMARY KEY,"
-	" merchant_id TEXT NOT NULL REFERENCES merchants (id),"
-	" merchant_order_no TEXT NOT NULL,"
-	" amount INTEGER NOT NULL CHECK (amount BETWEEN 1 AND 1000000000000000),"
-	" currency TEXT NOT NULL CHECK (length(currency) = 3),"
-	" channel TEXT NOT NULL REFERENCES channels (name),"
-	" description TEXT,"
-	" metadata TEXT,"
-	" status TEXT NOT NULL CHECK (status IN ('processing','succeeded','failed',"
-	"  'partially_refunded','refunded')),"
-	" refunded_amount INTEGER NOT NULL CHECK (refunded_amount BETWEEN 0 AND amount),"
-	" channel_txn_id TEXT,"
-	" fingerprint TEXT NOT NULL,"
-	" created_at INTEGER NOT NULL,"
-	" updated_at INTEGER NOT NULL,"
-	" UNIQUE (merchant_id, merchant_order_no)"
-	");"
-	"CREATE TABLE refunds ("
-	" id TEXT PRIMARY KEY,"
-	" merchant_id TEXT NOT NULL REFERENCES merchants (id),"
-	" refund_request_no TEXT NOT NULL,"
-	" payment_id TEXT NOT NULL REFERENCES payments (id),"
-	" amount INTEGER NOT NULL CHECK (amount > 0),"
-	" currency TEXT NOT NULL,"
-	" reason TEXT,"
-	" status TEXT NOT NULL,"
-	" fingerprint TEXT NOT NULL,"
-	" created_at INTEGER NOT NULL,"
-	" UNIQUE (merchant_id, refund_request_no)"
-	");"
-	"CREATE TABLE transfers ("
-	" id TEXT PRIMARY KEY,"
-	" transfer_no TEXT NOT NULL,"
-	" from_merchant TEXT NOT NULL REFERENCES merchants (id),"
-	" to_merchant TEXT NOT NULL REFERENCES merchants (id),"
-	" amount INTEGER NOT NULL CHECK (amount > 0),"
-	" currency TEXT NOT NULL,"
-	" status TEXT NOT NULL,"
-	" fingerprint TEXT NOT NULL,"
-	" created_at INTEGER NOT NULL,"
-	" UNIQUE (from_merchant, transfer_no)"
-	");"
-	"CREATE TABLE notifications ("
-	" channel TEXT NOT NULL,"
-	" notify_id TEXT NOT NULL,"
-	" payment_id TEXT NOT NULL,"
-	" channel_txn_id TEXT NOT NULL,"
-	" status TEXT NOT NULL,"
-	" amount INTEGER NOT NULL,"
-	" created_at INTEGER NOT NULL,"
-	" UNIQUE (channel, notify_id)"
-	");"
-	"CREATE TABLE ledger_entries ("
-	" id INTEGER PRIMARY KEY,"
-	" merchant_id TEXT NOT NULL REFERENCES merchants (id),"
-	" currency TEXT NOT NULL,"
-	" amount INTEGER NOT NULL CHECK (amount <> 0),"
-	" kind TEXT NOT NULL,"
-	" ref_id TEXT NOT NULL,"
-	" created_at INTEGER NOT NULL,"
-	" UNIQUE (kind, ref_id, merchant_id)"
-	");"
-	"CREATE INDEX ledger_entries_merchant ON ledger_entries (merchant_id, currency);"
-	"CREATE TABLE balances ("
-	" merchant_id TEXT NOT NULL REFERENCES merchants (id),"
-	" currency TEXT NOT NULL,"
-	" amount INTEGER NOT NULL CHECK (amount >= 0),"
-	" PRIMARY KEY (merchant_id, currency)"
-	");",
-
-	/* 3: operations (src/pay/stats.c, src/pay/recon.c). idem_stats holds
-	 * each idemd instance's outcome counters, one row per instance,
-	 * interval, business type and outcome, flushed every few seconds:
-	 * never a write per request. recon_rows records each row of a
-	 * channel's reconciliation file once: (channel, channel_txn_id) is the
-	 * business unique index behind the "recon" idempotency records. */
-	"CREATE TABLE idem_stats ("
-	" instance_id TEXT NOT NULL,"
-	" interval_start INTEGER NOT NULL,"
-	" interval_end INTEGER NOT NULL,"
-	" business_type TEXT NOT NULL,"
-	" outcome TEXT NOT NULL,"
-	" n INTEGER NOT NULL CHECK (n >= 0),"
-	" PRIMARY KEY (instance_id, interval_start, business_type, outcome)"
-	");"
-	"CREATE INDEX idem_stats_end ON idem_stats (interval_end);"
-	"CREATE TABLE recon_rows ("
-	" channel TEXT NOT NULL,"
-	" channel_txn_id TEXT NOT NULL,"
-	" merchant_id TEXT NOT NULL,"
-	" merchant_order_no TEXT NOT NULL,"
-	" amount INTEGER NOT NULL,"
-	" currency TEXT NOT NULL,"
-	" status TEXT NOT NULL CHECK (status IN ('SUCCESS','FAILED')),"
-	" paid_at TEXT NOT NULL,"
-	" result TEXT NOT NULL CHECK (result IN ('matched','mismatched','missing_local')),"
-	" payment_id TEXT,"
-	" detail TEXT,"
-	" imported_at INTEGER NOT NULL,"
-	" UNIQUE (channel, channel_txn_id)"
-	");",
-};
-
-#define SCHEMA_LATEST ((int)(sizeof(migrations) / sizeof(migrations[0])))
 
 static int version_in(conn *c, int *out)
 {
@@ -492,22 +384,22 @@ static int sqlite_migrate(idem__backend *be, int *version_out)
 	int cur = 0, rc;
 	char *errmsg = NULL;
 
-	pthread_mutex_lock(&be->wlock);
+	wlock_take(be);
 	if ((rc = exec_plain(c, "BEGIN IMMEDIATE")) < 0)
 		goto unlock;
 	if ((rc = exec_plain(c, "CREATE TABLE IF NOT EXISTS idem_schema_version ("
 				" version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)")) < 0 ||
 	    (rc = version_in(c, &cur)) < 0)
 		goto rollback;
-	if (cur > SCHEMA_LATEST) {
+	if (cur > IDEM__SQLITE_SCHEMA_LATEST) {
 		rc = idem__error(IDEM_ESCHEMA,
 				 "database schema version %d is newer than this library's %d", cur,
-				 SCHEMA_LATEST);
+				 IDEM__SQLITE_SCHEMA_LATEST);
 		goto rollback;
 	}
-	for (int v = cur + 1; v <= SCHEMA_LATEST; v++) {
-		idem_value p[2] = {IDEM_V_INT(v), IDEM_V_INT(idem_store_now(be->store))};
-		int src = sqlite3_exec(c->db, migrations[v - 1], NULL, NULL, &errmsg);
+	for (int v = cur + 1; v <= IDEM__SQLITE_SCHEMA_LATEST; v++) {
+		idem_value p[2] = {IDEM_V_INT(v), IDEM_V_INT(be->opts.clock(be->opts.clock_ctx))};
+		int src = sqlite3_exec(c->db, idem__sqlite_migrations[v - 1], NULL, NULL, &errmsg);
 
 		if (src != SQLITE_OK) {
 			rc = fail(c->db, src, CTX_PLAIN, "migration");
@@ -527,7 +419,7 @@ static int sqlite_migrate(idem__backend *be, int *version_out)
 rollback:
 	sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
 unlock:
-	pthread_mutex_unlock(&be->wlock);
+	wlock_drop(be);
 	return rc;
 }
 
@@ -569,6 +461,7 @@ static int sqlite_open(idem__backend **out, idem_store *store, const char *targe
 	be->opts = *opts;
 	be->memory = strcmp(target, ":memory:") == 0;
 	be->txn.base.store = store;
+	be->txn.base.ops = &idem__sqlite_ops;
 	be->txn.be = be;
 	if (!(be->path = strdup(target))) {
 		rc = idem__error(IDEM_ENOMEM, "out of memory");
@@ -612,9 +505,9 @@ static int sqlite_txn_begin(idem__backend *be, idem_txn **out)
 	int rc;
 
 	*out = NULL;
-	pthread_mutex_lock(&be->wlock);
+	wlock_take(be);
 	if ((rc = exec_plain(&be->writer, "BEGIN IMMEDIATE")) < 0) {
-		pthread_mutex_unlock(&be->wlock);
+		wlock_drop(be);
 		return rc;
 	}
 	*out = &be->txn.base;
@@ -632,7 +525,7 @@ static void sqlite_txn_rollback(idem_txn *txn)
 
 	/* Fails harmlessly when SQLite already rolled back after an I/O error. */
 	sqlite3_exec(be->writer.db, "ROLLBACK", NULL, NULL, NULL);
-	pthread_mutex_unlock(&be->wlock);
+	wlock_drop(be);
 }
 
 static int sqlite_txn_commit(idem_txn *txn)
@@ -645,7 +538,7 @@ static int sqlite_txn_commit(idem_txn *txn)
 		sqlite_txn_rollback(txn);
 		return rc;
 	}
-	pthread_mutex_unlock(&be->wlock);
+	wlock_drop(be);
 	return 0;
 }
 
@@ -705,10 +598,7 @@ static int sqlite_rec_insert(idem_txn *txn, const idem__key *k, idem__record *re
 /* One batch through the expires_at index; a live lease is never purged. */
 static int sqlite_purge_batch(idem__backend *be, int64_t now, int batch, int64_t *deleted)
 {
-	static const char sql[] =
-		"DELETE FROM idem_records WHERE id IN (SELECT id FROM idem_records"
-		" WHERE expires_at <= ? AND (status <> 'PROCESSING' OR lease_until <= ?)"
-		" ORDER BY expires_at LIMIT ?)";
+	const char *sql = idem__sqlite_purge_sql;
 	idem_value p[3] = {IDEM_V_INT(now), IDEM_V_INT(now), IDEM_V_INT(batch)};
 	idem_txn *txn = NULL;
 	int rc;
@@ -750,11 +640,12 @@ static int sqlite_read_query(idem__backend *be, const char *sql, const idem_valu
 const idem__backend_ops idem__sqlite_ops = {
 	.version = IDEM__BACKEND_OPS_VERSION,
 	.name = "sqlite",
+	.caps = IDEM__CAP_ONE_WRITER, /* one write transaction per database file */
 	.open = sqlite_open,
 	.close = sqlite_close,
 	.migrate = sqlite_migrate,
 	.schema_version = sqlite_schema_version,
-	.schema_latest = SCHEMA_LATEST,
+	.schema_latest = IDEM__SQLITE_SCHEMA_LATEST,
 	.ping = sqlite_ping,
 	.txn_begin = sqlite_txn_begin,
 	.txn_commit = sqlite_txn_commit,

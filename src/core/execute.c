@@ -1,0 +1,85 @@
+/*
+ * core/execute.c: the atomic-mode entry points, idem_execute and
+ * idem_execute_async, side by side so the two paths are read together.
+ * Both validate the request, try the fast path (front cache, then a read
+ * connection: only ever REPLAY, MISMATCH or IN_PROGRESS), and then run the
+ * unit either here in a transaction of its own (idem__execute_direct,
+ * claim.c) or,
+ * with group commit on, on the writer of its scope (batch.c), where its
+ * answer is given only after the COMMIT that makes it durable returned.
+ * idem_execute with group commit queues like everyone else and waits.
+ */
+#include <string.h>
+
+#include "core/claim_internal.h"
+#include "util/error.h"
+#include "util/waiter.h"
+
+int idem_execute(idem_result *out, idem_store *store, const idem_request *req, idem_work_fn work,
+                 void *ctx)
+{
+	idem__key k;
+	int rc;
+
+	if (!out)
+		return idem__error(IDEM_EINVAL, "idem_execute: out is required");
+	memset(out, 0, sizeof(*out));
+	if (!store || !req)
+		return idem__error(IDEM_EINVAL, "idem_execute: store and req are required");
+	if (store->batch) {
+		/* Group commit: queue like everyone else and wait for the COMMIT. */
+		idem__waiter w;
+
+		idem__waiter_init(&w);
+		idem_execute_async(store, req, work, ctx, idem__waiter_done, &w);
+		return idem__waiter_wait(&w, out);
+	}
+	if ((rc = idem__request_key(&k, req)) < 0)
+		return rc;
+	if (!work)
+		return idem__error(IDEM_EINVAL, "idem_execute: work is required");
+	if ((rc = idem__fast_path(store, &k, req->fingerprint, out)) == 0)
+		rc = idem__execute_direct(store, &k, req, work, ctx, out);
+	if (rc > 0)
+		rc = 0;
+	idem__count(store, req->business_type, rc, out);
+	return rc;
+}
+
+void idem_execute_async(idem_store *store, const idem_request *req, idem_work_fn work, void *ctx,
+                        idem_done_fn done, void *done_ctx)
+{
+	idem_result res = {0};
+	idem__key k;
+	int rc;
+
+	if (!done)
+		return; /* nobody to answer: nothing may run unseen */
+	if (!store || !req) {
+		done(done_ctx,
+		     idem__error(IDEM_EINVAL, "idem_execute_async: store and req are required"),
+		     &res);
+		return;
+	}
+	if ((rc = idem__request_key(&k, req)) < 0) {
+		done(done_ctx, rc, &res);
+		return;
+	}
+	if (!work) {
+		rc = idem__error(IDEM_EINVAL, "idem_execute_async: work is required");
+		goto answer;
+	}
+	if ((rc = idem__fast_path(store, &k, req->fingerprint, &res)) != 0)
+		goto answer;
+	if (!store->batch) {
+		rc = idem__execute_direct(store, &k, req, work, ctx, &res);
+		goto answer;
+	}
+	if ((rc = idem__batch_submit(store->batch, req, work, ctx, done, done_ctx)) == 0)
+		return; /* the writer answers after its COMMIT */
+answer:
+	if (rc > 0)
+		rc = 0;
+	idem__count(store, req->business_type, rc, &res);
+	done(done_ctx, rc, &res);
+}

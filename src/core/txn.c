@@ -1,0 +1,111 @@
+/*
+ * core/txn.c: running transactions on the engine's backend: the retry loop
+ * every write goes through (idem__with_txn, idem_store_transact), the
+ * generic SQL calls forwarded to the backend, reads on a read connection,
+ * and the engine's clock. Below the claim protocol and group commit, above
+ * the backend ops; it never opens or closes anything.
+ */
+#include "core/engine.h"
+
+#include "util/clock.h"
+#include "util/error.h"
+#include "util/rand.h"
+
+void idem__retry_backoff(int attempt)
+{
+	/* 1 ms doubling to 64 ms, with full jitter so racers spread out. */
+	int shift = attempt < 6 ? attempt : 6;
+	unsigned cap = 1000u << shift;
+
+	idem__sleep_us(200 + idem__rand_below(cap));
+}
+
+int64_t idem_store_now(const idem_store *store)
+{
+	return store->opts.clock(store->opts.clock_ctx);
+}
+
+int idem_txn_exec(idem_txn *txn, const char *sql, const idem_value *params, int nparams,
+                  int64_t *changes_out)
+{
+	IDEM__ASSERT_ARG(txn && sql && nparams >= 0 && (params || nparams == 0));
+	if (changes_out)
+		*changes_out = 0;
+	return txn->ops->txn_exec(txn, sql, params, nparams, changes_out);
+}
+
+int idem_txn_try_exec(idem_txn *txn, const char *sql, const idem_value *params, int nparams,
+                      int64_t *changes_out)
+{
+	const idem__backend_ops *ops = NULL;
+
+	IDEM__ASSERT_ARG(txn && sql && nparams >= 0 && (params || nparams == 0));
+	ops = txn->ops;
+	if (changes_out)
+		*changes_out = 0;
+	if (ops->txn_try_exec)
+		return ops->txn_try_exec(txn, sql, params, nparams, changes_out);
+	return ops->txn_exec(txn, sql, params, nparams, changes_out);
+}
+
+int idem_txn_query(idem_txn *txn, const char *sql, const idem_value *params, int nparams,
+                   idem_row_fn row_fn, void *ctx)
+{
+	IDEM__ASSERT_ARG(txn && sql && nparams >= 0 && (params || nparams == 0));
+	return txn->ops->txn_query(txn, sql, params, nparams, row_fn, ctx);
+}
+
+idem_store *idem_txn_store(idem_txn *txn)
+{
+	return txn->store;
+}
+
+int idem_store_query(idem_store *store, const char *sql, const idem_value *params, int nparams,
+                     idem_row_fn row_fn, void *ctx)
+{
+	int rc;
+
+	IDEM__ASSERT_ARG(store && sql && nparams >= 0 && (params || nparams == 0));
+	rc = store->ops->read_query(store->be, sql, params, nparams, row_fn, ctx);
+	if (rc < 0)
+		idem__store_count_error(store, rc);
+	return rc;
+}
+
+int idem__with_txn(idem_store *s, idem_txn_fn fn, void *ctx, idem_result *out)
+{
+	int rc = 0;
+
+	for (int attempt = 0;; attempt++) {
+		idem_txn *txn = NULL;
+
+		if ((rc = s->ops->txn_begin(s->be, &txn)) == 0) {
+			int ret = fn(txn, ctx);
+
+			if (ret < 0) {
+				s->ops->txn_rollback(txn);
+				rc = ret;
+			} else if ((rc = s->ops->txn_commit(txn)) == 0) {
+				rc = ret;
+			}
+		}
+		if (rc >= 0)
+			break;
+		idem_result_clear(out); /* nothing was committed: no answer either */
+		if (rc != IDEM_ERETRY || attempt >= s->opts.max_retries)
+			break;
+		idem__retry_backoff(attempt);
+	}
+	return rc;
+}
+
+int idem_store_transact(idem_store *store, idem_txn_fn fn, void *ctx)
+{
+	int rc;
+
+	IDEM__ASSERT_ARG(store && fn);
+	rc = idem__with_txn(store, fn, ctx, NULL);
+	if (rc < 0)
+		idem__store_count_error(store, rc);
+	return rc < 0 ? rc : 0;
+}

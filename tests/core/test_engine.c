@@ -1,0 +1,152 @@
+/*
+ * tests/core/test_engine.c: the engine's side of the backend contract: an
+ * ops table of another version is refused before any of it is called, and
+ * the capability bits (not the backend's name) decide how many group-commit
+ * writers run.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/claim_internal.h"
+#include "support.h"
+
+static int opened;
+
+static int counting_open(idem__backend **out, idem_store *store, const char *target,
+                         const idem_store_opts *opts)
+{
+	opened++;
+	return idem__sqlite_ops.open(out, store, target, opts);
+}
+
+static void other_ops_version_is_refused(void **state)
+{
+	idem__backend_ops ops = idem__sqlite_ops;
+	idem_store *store = (idem_store *)&ops; /* must come back NULL */
+	int rc;
+
+	(void)state;
+	ops.open = counting_open;
+	opened = 0;
+	for (int v = 0; v < 4; v++) {
+		if (v == IDEM__BACKEND_OPS_VERSION)
+			continue;
+		ops.version = v;
+		rc = idem__engine_open(&store, &ops,
+		                       ":memory:", &(idem_store_opts)IDEM_STORE_OPTS_INIT);
+		assert_int_equal(rc, IDEM_EINVAL);
+		assert_null(store);
+		assert_non_null(strstr(idem_error_last()->message, "ops version"));
+	}
+	assert_int_equal(opened, 0);
+	ops.version = IDEM__BACKEND_OPS_VERSION;
+	assert_int_equal(
+	    idem__engine_open(&store, &ops, ":memory:", &(idem_store_opts)IDEM_STORE_OPTS_INIT), 0);
+	assert_int_equal(opened, 1);
+	idem_store_close(store);
+}
+
+/* A table of the right version but no table at all is refused too. */
+static void null_ops_refused(void **state)
+{
+	idem_store *store = NULL;
+
+	(void)state;
+	assert_int_equal(
+	    idem__engine_open(&store, NULL, "", &(idem_store_opts)IDEM_STORE_OPTS_INIT),
+	    IDEM_EINVAL);
+	assert_null(store);
+}
+
+static int noop(idem_txn *txn, void *ctx, idem_response *resp)
+{
+	(void)txn;
+	(void)ctx;
+	return idem_response_set(resp, 200, "ok", 2);
+}
+
+/*
+ * SQLite announces IDEM__CAP_ONE_WRITER; the same driver without the bit
+ * (under another name, to show the name plays no part) gets the writers
+ * asked for. Both run units correctly.
+ */
+static void writers_follow_capabilities(void **state)
+{
+	idem__backend_ops ops = idem__sqlite_ops;
+	idem_store_opts opts = IDEM_STORE_OPTS_INIT;
+	char *url = test_db_url();
+	const char *path = url + strlen("sqlite:");
+
+	(void)state;
+	opts.batch_max = 8;
+	opts.writers = 4;
+	for (int pass = 0; pass < 2; pass++) {
+		idem_store *store = NULL;
+		idem_request r = IDEM_REQUEST_INIT;
+		idem_result res = {0};
+		char fp[65], key[8];
+		int nwriters;
+
+		if (pass == 1) {
+			ops.caps &= ~IDEM__CAP_ONE_WRITER;
+			ops.name = "sqlite-without-caps";
+		}
+		assert_int_equal(idem__engine_open(&store, &ops, path, &opts), 0);
+		nwriters = idem__batch_writers(store->batch);
+		assert_int_equal(nwriters, pass == 0 ? 1 : 4);
+		test_fp(fp, "{}");
+		snprintf(key, sizeof(key), "k%d", pass);
+		r.scope = "m_1";
+		r.business_type = "payment";
+		r.key = key;
+		r.key_len = strlen(key);
+		r.fingerprint = fp;
+		assert_int_equal(idem_execute(&res, store, &r, noop, NULL), 0);
+		assert_int_equal(res.outcome, IDEM_FIRST);
+		idem_result_clear(&res);
+		idem_store_close(store);
+	}
+	test_db_drop(url);
+	free(url);
+}
+
+static int nothing(idem_txn *txn, void *ctx)
+{
+	(void)txn;
+	(void)ctx;
+	return 0;
+}
+
+/* A caller's mistake at the API boundary is IDEM_EINVAL, never a crash. */
+static void bad_arguments_are_einval(void **state)
+{
+	idem_store *store = NULL;
+	int v = 0;
+
+	(void)state;
+	assert_int_equal(idem_store_open(&store, "sqlite::memory:", NULL), 0);
+	assert_int_equal(idem_store_ping(NULL), IDEM_EINVAL);
+	assert_non_null(strstr(idem_error_last()->message, "invalid argument"));
+	assert_int_equal(idem_store_migrate(NULL, &v), IDEM_EINVAL);
+	assert_int_equal(idem_store_schema_version(store, NULL), IDEM_EINVAL);
+	assert_int_equal(idem_store_purge(NULL, 10, 1, NULL), IDEM_EINVAL);
+	assert_int_equal(idem_store_query(store, NULL, NULL, 0, NULL, NULL), IDEM_EINVAL);
+	assert_int_equal(idem_store_query(store, "SELECT 1", NULL, 2, NULL, NULL), IDEM_EINVAL);
+	assert_int_equal(idem_store_transact(store, NULL, NULL), IDEM_EINVAL);
+	assert_int_equal(idem_txn_exec(NULL, "SELECT 1", NULL, 0, NULL), IDEM_EINVAL);
+	assert_int_equal(idem_store_transact(store, nothing, NULL), 0);
+	assert_int_equal(idem_store_ping(store), 0);
+	idem_store_close(store);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(other_ops_version_is_refused),
+	    cmocka_unit_test(null_ops_refused),
+	    cmocka_unit_test(writers_follow_capabilities),
+	    cmocka_unit_test(bad_arguments_are_einval),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
