@@ -14,7 +14,13 @@ DESTDIR    ?=
 LISTEN     ?= 127.0.0.1:8080
 DB         ?= sqlite:var/idem.db
 
-.PHONY: all deps deps-all build run test test-asan install deb bench clean format
+FUZZ_BUILD   ?= build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?=
+FUZZ_FLAGS   := -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all \
+		-fno-omit-frame-pointer
+
+.PHONY: all deps deps-all build run test test-asan test-long fuzz install deb bench clean format
 
 all: build
 
@@ -54,6 +60,18 @@ test-asan: deps-all $(ASAN_BUILD)/CMakeCache.txt
 		UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 		scripts/run-tests.sh $(ASAN_BUILD) $(CTEST_ARGS)
 
+# The libFuzzer targets of tests/fuzz (clang, the whole library instrumented),
+# each run for FUZZ_SECONDS from its seed corpus (tests/fuzz/run.sh). make
+# test only replays the corpus (ctest -L fuzz).
+$(FUZZ_BUILD)/CMakeCache.txt: | deps-all
+	CC=clang cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIDEM_FUZZ=ON \
+		-DCMAKE_C_FLAGS="$(FUZZ_FLAGS)"
+
+fuzz: deps-all $(FUZZ_BUILD)/CMakeCache.txt
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target \
+		$(addprefix fuzz_,$(or $(FUZZ_TARGETS),key request fingerprint recon signature store_url http))
+	tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+
 # Installs idemd, idemctl, libidem (shared + static), the headers and idem.pc
 # under PREFIX (DESTDIR for staging).
 install: build
@@ -68,4 +86,4 @@ format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

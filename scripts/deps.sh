@@ -6,7 +6,8 @@
 #   scripts/deps.sh          build + SQLite-path dependencies (make, make run)
 #   scripts/deps.sh --pkg    also the Debian packaging tools (dpkg-buildpackage)
 #   scripts/deps.sh --all    everything the whole suite needs (make test): the
-#                            database servers, promtool, the packaging tools
+#                            database servers, promtool, the packaging tools,
+#                            clang and its libFuzzer runtime (make fuzz)
 set -euo pipefail
 
 pkgs=(
@@ -18,7 +19,8 @@ pkgs=(
 pkg_tools=(debhelper dpkg-dev fakeroot)
 for arg in "$@"; do
   case "$arg" in
-    --all) pkgs+=(postgresql mariadb-server sqlite3 prometheus "${pkg_tools[@]}") ;;
+    --all) pkgs+=(postgresql mariadb-server sqlite3 prometheus clang libclang-rt-14-dev
+             "${pkg_tools[@]}") ;;
     --pkg) pkgs+=("${pkg_tools[@]}") ;;
     *) echo "usage: deps.sh [--all|--pkg]" >&2; exit 2 ;;
   esac
