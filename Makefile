@@ -46,6 +46,17 @@ run: build
 test: deps-all build
 	scripts/run-tests.sh $(BUILD) $(CTEST_ARGS)
 
+# The long fault suite (tests/fault): the crash loop with LONG_ROUNDS (200)
+# rounds per backend and the injected I/O faults, one case at a time, then
+# the summary table of docs/reliability.md. About 30-60 minutes.
+LONG_ROUNDS ?= 200
+test-long: deps-all build
+	@rm -f $(BUILD)/long-results.tsv
+	IDEM_CRASH_ROUNDS=$(LONG_ROUNDS) IDEM_IOFAULT_ROUNDS=$(LONG_ROUNDS) \
+		IDEM_RESULTS_FILE=$(abspath $(BUILD))/long-results.tsv \
+		scripts/run-tests.sh $(BUILD) -L 'crash|iofault' -j 1 $(CTEST_ARGS); rc=$$?; \
+		python3 tests/fault/summary.py $(BUILD)/long-results.tsv $$rc; exit $$rc
+
 # The benchmark (bench/run.sh, about 6 minutes): rewrites the table in
 # docs/benchmarks.md. Needs the database servers of scripts/deps.sh --all.
 bench: build
