@@ -46,13 +46,15 @@ run: build
 test: deps-all build
 	scripts/run-tests.sh $(BUILD) $(CTEST_ARGS)
 
-# The long fault suite (tests/fault): the crash loop with LONG_ROUNDS (200)
-# rounds per backend and the injected I/O faults, one case at a time, then
-# the summary table of docs/reliability.md. About 30-60 minutes.
+# The long fault suite (tests/fault, docs/reliability.md): LONG_ROUNDS (200)
+# rounds of each case, one case at a time: kill -9 of idemd per backend, the
+# database server crashed / frozen (PostgreSQL, MariaDB), injected I/O
+# faults on SQLite; then the summary table. About 45-60 minutes.
 LONG_ROUNDS ?= 200
 test-long: deps-all build
 	@rm -f $(BUILD)/long-results.tsv
 	IDEM_CRASH_ROUNDS=$(LONG_ROUNDS) IDEM_IOFAULT_ROUNDS=$(LONG_ROUNDS) \
+		IDEM_DBCRASH_ROUNDS=$(LONG_ROUNDS) \
 		IDEM_RESULTS_FILE=$(abspath $(BUILD))/long-results.tsv \
 		scripts/run-tests.sh $(BUILD) -L 'crash|iofault' -j 1 $(CTEST_ARGS); rc=$$?; \
 		python3 tests/fault/summary.py $(BUILD)/long-results.tsv $$rc; exit $$rc

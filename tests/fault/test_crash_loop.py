@@ -1,7 +1,7 @@
 """Crash loop (issue 13): load, kill -9 of idemd at a random moment, restart,
 check; round after round on one database:
 
-    python3 tests/fault/test_crash_loop.py sqlite|postgres|mariadb [ROUNDS]
+    python3 tests/fault/test_crash_loop.py sqlite|postgres|mariadb [idemd|db] [ROUNDS]
 
 ROUNDS defaults to $IDEM_CRASH_ROUNDS or 20 (make test); make test-long runs
 200. $IDEM_CRASH_SEED makes the random choices repeatable (the seed is
@@ -20,6 +20,14 @@ kill are "in doubt". Then a new idemd on the same database must show:
   ledger entries counted in SQL equal the logical requests that succeeded;
 - balances equal to their ledger sums (SQL) and to the client's own totals
   (GET /v1/balance).
+
+Target db (PostgreSQL, MariaDB; $IDEM_DBCRASH_ROUNDS or 10 rounds): the
+database server is the one hit, mid-load and so mostly mid-COMMIT, on a
+private throwaway server: odd rounds crash it (pg_ctl stop -m immediate /
+SIGKILL of mariadbd) and restart it, even rounds SIGSTOP every server
+process for 0.2-3 s and SIGCONT them. One idemd runs through all rounds
+and must serve again without a restart; a request answered 503 is in
+doubt, and the same checks follow.
 
 At the end a sample of acknowledged requests from every round is retried
 once more, and one summary line is printed (rounds, requests, kills, in
@@ -44,12 +52,19 @@ import dbserver  # noqa: E402
 from dbserver import harness  # noqa: E402
 from harness import uid  # noqa: E402
 
-BACKEND = sys.argv[1] if len(sys.argv) > 1 else "sqlite"
-if BACKEND not in ("sqlite",) + dbserver.BACKENDS:
-    sys.stderr.write("usage: test_crash_loop.py sqlite|postgres|mariadb [ROUNDS]\n")
-    sys.exit(2)
-ROUNDS = int(sys.argv[2]) if len(sys.argv) > 2 else int(os.environ.get("IDEM_CRASH_ROUNDS", "20"))
+ARGS = sys.argv[1:]
 del sys.argv[1:]
+BACKEND = ARGS.pop(0) if ARGS else "sqlite"
+TARGET = ARGS.pop(0) if ARGS and ARGS[0] in ("idemd", "db") else "idemd"
+if BACKEND not in ("sqlite",) + dbserver.BACKENDS or (TARGET == "db" and BACKEND == "sqlite"):
+    sys.stderr.write("usage: test_crash_loop.py sqlite|postgres|mariadb [idemd|db] [ROUNDS]\n")
+    sys.exit(2)
+if ARGS:
+    ROUNDS = int(ARGS[0])
+elif TARGET == "db":
+    ROUNDS = int(os.environ.get("IDEM_DBCRASH_ROUNDS", "10"))
+else:
+    ROUNDS = int(os.environ.get("IDEM_CRASH_ROUNDS", "20"))
 SEED = int(os.environ.get("IDEM_CRASH_SEED", str(random.SystemRandom().randrange(1 << 30))))
 CLIENTS = 6
 MERCHANTS = 3
@@ -79,12 +94,17 @@ class CrashLoop(unittest.TestCase):
         dbserver.require_idemd()
         cls.rng = random.Random(SEED)
         cls.srv = None
+        cls.private = None
         cls.db = None
         cls.tmp = None
         if BACKEND == "sqlite":
             import tempfile
             cls.tmp = tempfile.mkdtemp(prefix="idem-crash-")
             cls.db_url = "sqlite:" + os.path.join(cls.tmp, "idem.db")
+        elif TARGET == "db":
+            cls.private = dbserver.private_server(BACKEND)
+            cls.db = dbserver.Database(cls.private.admin_url(), "k")
+            cls.db_url = cls.db.url
         else:
             cls.srv = dbserver.server_for(BACKEND)
             admin = cls.srv.__enter__()
@@ -93,8 +113,10 @@ class CrashLoop(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        if cls.db is not None:
+        if cls.db is not None and cls.private is None:
             cls.db.drop()
+        if cls.private is not None:
+            cls.private.cleanup()
         if cls.srv is not None:
             cls.srv.__exit__(None, None, None)
         if cls.tmp and not os.environ.get("IDEM_TEST_KEEP"):
@@ -146,9 +168,14 @@ class CrashLoop(unittest.TestCase):
                 with lock:
                     out.append(req)
                 try:
-                    r = self.send(server, req)
+                    r = self.send(server, req, timeout=60)
                 except OSError:
+                    if TARGET == "db":
+                        raise       # idemd must keep answering
                     return          # killed: req stays in doubt
+                if TARGET == "db" and r.status == 503:
+                    time.sleep(0.05)
+                    break           # in doubt; retried after the round
                 if not 200 <= r.status < 300:
                     raise AssertionError("%s answered %r" % (req.op, r))
                 req.answer = r
@@ -173,8 +200,32 @@ class CrashLoop(unittest.TestCase):
                                          uid("KT"), {(m.id, "CNY"): -TRANSFER,
                                                      (to.id, "CNY"): TRANSFER}))
 
+    def hit_database(self, n):
+        """Odd rounds: crash the server and restart it; even: freeze it."""
+        if n % 2:
+            self.private.crash()
+            self.private.start()
+        else:
+            self.private.freeze()
+            time.sleep(self.rng.uniform(0.2, 3.0))
+            self.private.thaw()
+
+    def wait_healthy(self, server, n):
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            self.assertIsNone(server.proc.poll(), "round %d: idemd exited\n%s"
+                              % (n, server.log_tail()))
+            try:
+                if server.request("GET", "/healthz", timeout=30).status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError("round %d: idemd not healthy 60 s after the database came back"
+                             % n)
+
     def round(self, n):
-        s1 = self.start()
+        s1 = self.idemd if TARGET == "db" else self.start()
         stop = threading.Event()
         lock = threading.Lock()
         reqs = []
@@ -192,19 +243,26 @@ class CrashLoop(unittest.TestCase):
             t.start()
         delay = self.rng.uniform(0.05, 1.5)
         time.sleep(delay)
-        s1.send_signal(signal.SIGKILL)
-        s1.proc.wait(10)
+        if TARGET == "db":
+            self.hit_database(n)
+            time.sleep(0.5)
+        else:
+            s1.send_signal(signal.SIGKILL)
+            s1.proc.wait(10)
         stop.set()
         for t in threads:
-            t.join(30)
-        s1.stop()
-        self.assertEqual(errors, [], "a request failed before the kill")
+            t.join(90)
+        if TARGET == "idemd":
+            s1.stop()
+        self.assertEqual(errors, [], "a request failed (before the kill)")
         for r in reqs:
             r.round = n
         acked = [r for r in reqs if r.answer is not None]
         doubt = [r for r in reqs if r.answer is None]
 
-        s2 = self.start()
+        s2 = self.start() if TARGET == "idemd" else s1
+        if TARGET == "db":
+            self.wait_healthy(s2, n)
         try:
             # every acknowledged request is there and replays
             for r in acked:
@@ -228,7 +286,8 @@ class CrashLoop(unittest.TestCase):
             self.all.extend(reqs)
             self.check_totals(s2, n)
         finally:
-            s2.stop_checked()
+            if TARGET == "idemd":
+                s2.stop_checked()
         self.stats["acked"] += len(acked)
         self.stats["doubt"] += len(doubt)
         self.stats["doubt_committed"] += replayed
@@ -274,14 +333,17 @@ class CrashLoop(unittest.TestCase):
         finally:
             setup.stop_checked()
         t0 = time.monotonic()
-        print("crash loop on %s: %d rounds, seed %d (IDEM_CRASH_SEED)" % (BACKEND, ROUNDS, SEED),
-              flush=True)
+        print("crash loop on %s, target %s: %d rounds, seed %d (IDEM_CRASH_SEED)"
+              % (BACKEND, TARGET, ROUNDS, SEED), flush=True)
+        self.idemd = self.start() if TARGET == "db" else None
         for n in range(1, ROUNDS + 1):
             a, d, c, delay = self.round(n)
             if n == 1 or n % 10 == 0 or n == ROUNDS:
                 print("round %3d: kill at %.2fs, %d acknowledged, %d in doubt (%d had "
                       "committed); totals %d requests" % (n, delay, a, d, c, len(self.all)),
                       flush=True)
+        if self.idemd is not None:
+            self.idemd.stop_checked()
         # once more: a sample from every round still replays
         final = self.start()
         try:
@@ -297,11 +359,13 @@ class CrashLoop(unittest.TestCase):
         if not os.environ.get("IDEM_TEST_KEEP"):
             shutil.rmtree(self.tmpdir, ignore_errors=True)
         st = self.stats
-        harness_result("crash loop (kill -9 idemd)", BACKEND, ROUNDS, st["kills"], len(self.all),
+        case = ("crash loop (kill -9 idemd)" if TARGET == "idemd"
+                else "database crash / SIGSTOP mid-load")
+        harness_result(case, BACKEND, ROUNDS, st["kills"], len(self.all),
                        "lost 0, double 0, in doubt %d resolved" % st["doubt"])
-        print("RESULT crash_loop %s: rounds=%d kills=%d requests=%d acknowledged=%d "
+        print("RESULT crash_loop %s %s: rounds=%d kills=%d requests=%d acknowledged=%d "
               "in_doubt=%d (committed before the kill: %d) replay_sample=%d lost=0 double=0 "
-              "time=%.0fs" % (BACKEND, ROUNDS, st["kills"], len(self.all), st["acked"],
+              "time=%.0fs" % (BACKEND, TARGET, ROUNDS, st["kills"], len(self.all), st["acked"],
                               st["doubt"], st["doubt_committed"], len(sample),
                               time.monotonic() - t0), flush=True)
 
@@ -321,7 +385,7 @@ def req_pid(notify_req):
 
 if __name__ == "__main__":
     if BACKEND != "sqlite":
-        dbserver.preflight(BACKEND, private=False)
+        dbserver.preflight(BACKEND, private=TARGET == "db")
     else:
         dbserver.require_idemd()
     unittest.main(verbosity=2)
