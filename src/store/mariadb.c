@@ -537,6 +537,8 @@ static int url_parse(my_url *u, const char *t)
 		}
 	if ((rc = decode(auth, (size_t)((colon ? colon : at) - auth), &u->user)) < 0)
 		goto done;
+	if (!*u->user)
+		goto bad; /* ":password@" alone: the user is still required */
 	if (colon && (rc = decode(colon + 1, (size_t)(at - colon - 1), &u->password)) < 0)
 		goto done;
 	hp = at + 1;

@@ -1,0 +1,164 @@
+/*
+ * tests/fuzz/fuzz_http.c: the request decoding of idemd (issue 15): the
+ * Idempotency-Key header bytes, Authorization: Bearer parsing, query value
+ * decoding, Content-Type, through the real routes.c (route_prepare, the
+ * handlers) with the connection replaced by the bytes of the input:
+ *
+ *   METHOD SP PATH[?QUERY] LF (Name: value LF)* LF body
+ *
+ * Header values may carry NUL bytes: the routes see them as libmicrohttpd
+ * hands them over, a C string. Query values are percent-decoded by
+ * libmicrohttpd's own MHD_http_unescape. @KEY@, @MERCHANT@, @PAY@, @CH@ are
+ * replaced by this run's values, "X-Signature: @SIG@" by the body's right
+ * signature. Checks: authentication passes only with the real key (or the
+ * real signature), answers are 2xx..5xx, a 2xx write retried replays.
+ */
+#include <microhttpd.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "fuzz_env.h"
+#include "server_glue.h"
+
+/* Next line of [*p, end): NUL-terminated in place (the LF replaced). */
+static char *next_line(char **p, char *end)
+{
+	char *s = *p, *lf;
+
+	if (s >= end)
+		return NULL;
+	lf = memchr(s, '\n', (size_t)(end - s));
+	if (!lf)
+		lf = end;
+	*lf = '\0';
+	*p = lf + 1;
+	return s;
+}
+
+static void sign(const fuzz_env *e, const char *body, size_t len, char hex[65])
+{
+	unsigned char mac[EVP_MAX_MD_SIZE];
+	unsigned int n = 0;
+
+	if (!HMAC(EVP_sha256(), e->secret, (int)strlen(e->secret), (const unsigned char *)body, len,
+	          mac, &n) ||
+	    n != 32)
+		fuzz_fail("HMAC failed");
+	for (unsigned int i = 0; i < 32; i++) {
+		hex[2 * i] = "0123456789abcdef"[mac[i] >> 4];
+		hex[2 * i + 1] = "0123456789abcdef"[mac[i] & 15];
+	}
+	hex[64] = '\0';
+}
+
+static void run(server_state *s, http_req *r, const char *method, const char *path, http_answer *a,
+                int *authed)
+{
+	*authed = glue_run(s, r, method, path, a);
+	if (a->status < 200 || a->status > 599)
+		fuzz_fail("answer status out of range");
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	fuzz_env *e = fuzz_env_get();
+	server_state s = {e->store, e->pay, NULL};
+	size_t len;
+	char *buf = fuzz_subst(data, size, &len), *end = buf + len, *p = buf, *line, *sp, *q;
+	char sig[65], *method, *path;
+	http_req *r = calloc(1, sizeof(*r));
+	http_answer a = {0}, b = {0};
+	const char *auth;
+	int authed, again;
+
+	if (!r)
+		fuzz_fail("out of memory");
+	if (!(line = next_line(&p, end)) || !(sp = strchr(line, ' ')))
+		goto done;
+	*sp = '\0';
+	method = line;
+	path = sp + 1;
+	if ((q = strchr(path, '?'))) {
+		*q++ = '\0';
+		while (q && *q && r->nquery < GLUE_MAX_FIELDS) {
+			char *amp = strchr(q, '&'), *eq;
+
+			if (amp)
+				*amp++ = '\0';
+			if ((eq = strchr(q, '='))) {
+				*eq++ = '\0';
+				MHD_http_unescape(eq);
+			} else {
+				eq = "";
+			}
+			MHD_http_unescape(q);
+			r->query[r->nquery++] = (glue_field){q, eq};
+			q = amp;
+		}
+	}
+	while ((line = next_line(&p, end)) && *line && r->nheaders < GLUE_MAX_FIELDS) {
+		char *colon = strchr(line, ':');
+
+		if (!colon)
+			continue;
+		*colon++ = '\0';
+		while (*colon == ' ')
+			colon++;
+		r->headers[r->nheaders++] = (glue_field){line, colon};
+	}
+	r->body = p < end ? p : "";
+	r->body_len = p < end ? (size_t)(end - p) : 0;
+	sign(e, r->body, r->body_len, sig);
+	for (int i = 0; i < r->nheaders; i++)
+		if (strcasecmp(r->headers[i].name, "X-Signature") == 0 &&
+		    strcmp(r->headers[i].value, "@SIG@") == 0)
+			r->headers[i].value = sig;
+
+	run(&s, r, method, path, &a, &authed);
+	auth = req_header(r, "Authorization");
+	/* Every /v1/ route but the callbacks takes the merchant's key. */
+	if (authed && strncmp(path, "/v1/", 4) == 0 &&
+	    strncmp(path, "/v1/notifications/", 18) != 0) {
+		if (!auth || strncasecmp(auth, "Bearer ", 7) != 0)
+			fuzz_fail("bearer route ran without Authorization: Bearer");
+		auth += 7;
+		while (*auth == ' ')
+			auth++;
+		if (strcmp(auth, e->api_key) != 0)
+			fuzz_fail("authenticated with a key that is not the merchant's");
+	}
+	if (strcmp(method, "POST") == 0 && strncmp(path, "/v1/notifications/", 18) == 0 &&
+	    a.status >= 200 && a.status < 300) {
+		const char *hs = req_header(r, "X-Signature");
+
+		if (strcmp(path + 18, e->channel) != 0 || !hs || strcasecmp(hs, sig) != 0)
+			fuzz_fail("callback accepted without the channel's signature");
+	}
+	if (strcmp(method, "POST") == 0 && a.status >= 200 && a.status < 300) {
+		/* The same request once more must replay the same answer. */
+		http_req *r2 = calloc(1, sizeof(*r2));
+
+		if (!r2)
+			fuzz_fail("out of memory");
+		memcpy(r2->headers, r->headers, sizeof(r->headers));
+		r2->nheaders = r->nheaders;
+		memcpy(r2->query, r->query, sizeof(r->query));
+		r2->nquery = r->nquery;
+		r2->body = r->body;
+		r2->body_len = r->body_len;
+		run(&s, r2, method, path, &b, &again);
+		if (b.status != a.status || b.len != a.len ||
+		    (a.len && memcmp(a.body, b.body, a.len)))
+			fuzz_fail("retried write did not replay");
+		free(b.body);
+		free(r2);
+	}
+	free(a.body);
+done:
+	free(r);
+	free(buf);
+	return 0;
+}
