@@ -30,6 +30,11 @@ struct http_req {
 	char request_id[17];
 	char method[12];
 	char *path;
+	int started;        /* on_request has seen the head */
+	size_t raw_uri_len; /* the target as received, up to a NUL */
+	const char *target_problem; /* why the target is refused, or NULL */
+	int target_status;
+	req_head head;
 	struct timespec start;
 	route_match match;
 	int answered; /* a response was queued */
@@ -78,39 +83,30 @@ struct http_server {
 	_Atomic int active;
 };
 
-const char *req_header(http_req *r, const char *name)
+const char *req_header(http_req *r, const char *name, size_t *len)
 {
-	return MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, name);
+	return head_get(&r->head, name, len, NULL);
 }
 
-const char *req_query(http_req *r, const char *name)
+const char *req_query(http_req *r, const char *name, size_t *len)
 {
-	return MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, name);
-}
+	const char *v = NULL;
 
-typedef struct {
-	const char *name;
-	int n;
-} header_count;
-
-static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const char *key,
-                                    const char *value)
-{
-	header_count *hc = cls;
-
-	(void)kind;
-	(void)value;
-	if (strcasecmp(key, hc->name) == 0)
-		hc->n++;
-	return MHD_YES;
+	*len = 0;
+	if (MHD_lookup_connection_value_n(r->conn, MHD_GET_ARGUMENT_KIND, name, strlen(name), &v,
+	                                  len) != MHD_YES)
+		return NULL;
+	if (!v)
+		v = "";
+	return v;
 }
 
 int req_header_count(http_req *r, const char *name)
 {
-	header_count hc = {name, 0};
+	int n = 0;
 
-	MHD_get_connection_values(r->conn, MHD_HEADER_KIND, count_header, &hc);
-	return hc.n;
+	head_get(&r->head, name, NULL, &n);
+	return n;
 }
 
 const char *req_body(http_req *r, size_t *len)
@@ -219,6 +215,10 @@ static enum MHD_Result send_answer(http_req *r, http_answer *a)
 	}
 	if (a->allow)
 		MHD_add_response_header(resp, "Allow", a->allow);
+	if (a->www_auth)
+		MHD_add_response_header(resp, "WWW-Authenticate", a->www_auth);
+	if (a->close)
+		MHD_add_response_header(resp, "Connection", "close");
 	ret = MHD_queue_response(r->conn, (unsigned)a->status, resp);
 	MHD_destroy_response(resp);
 	r->answered = 1;
@@ -226,6 +226,57 @@ static enum MHD_Result send_answer(http_req *r, http_answer *a)
 	r->answer.outcome = a->outcome ? a->outcome : "-";
 	r->answer.replayed = a->replayed;
 	return ret;
+}
+
+#define TARGET_MAX 8192
+#define QUERY_PARAMS_MAX 256
+
+/*
+ * The request line is in: libmicrohttpd calls this with the target as
+ * received, before it splits and decodes the query, and makes the return
+ * value the request's context. The raw target is checked here: its bytes,
+ * no %00 (a decoded NUL would cut the path or a query value short), and at
+ * most QUERY_PARAMS_MAX parameters: 0.9.75 runs out of connection memory on
+ * thousands of them and then never answers, so the query of such a target
+ * is emptied before it is parsed and the request answered 414.
+ */
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn)
+{
+	http_server *h = cls;
+	http_req *r = calloc(1, sizeof(*r));
+	size_t params = 0;
+	char *q;
+
+	if (!r)
+		return NULL;
+	pthread_mutex_init(&r->lock, NULL);
+	r->server = h;
+	r->conn = conn;
+	snprintf(r->method, sizeof(r->method), "-");
+	clock_gettime(CLOCK_MONOTONIC, &r->start);
+	request_id(r->request_id);
+	atomic_fetch_add(&h->active, 1);
+	r->raw_uri_len = strlen(uri);
+	for (size_t i = 0; i < r->raw_uri_len; i++) {
+		unsigned char c = (unsigned char)uri[i];
+
+		params += c == '&';
+		if (c < 0x21 || c > 0x7e) {
+			r->target_problem = "the request target holds a byte outside 0x21..0x7E";
+			r->target_status = 400;
+		} else if (c == '%' && uri[i + 1] == '0' && uri[i + 2] == '0') {
+			r->target_problem = "the request target holds %00";
+			r->target_status = 400;
+		}
+	}
+	if (r->raw_uri_len > TARGET_MAX || params >= QUERY_PARAMS_MAX) {
+		r->target_problem = "the request target is too long or has too many parameters";
+		r->target_status = 414;
+		/* the same buffer libmicrohttpd parses next: leave it no query */
+		if ((q = strchr(uri, '?')) != NULL)
+			q[1] = '\0';
+	}
+	return r;
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
@@ -236,25 +287,28 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 	http_req *r = *con_cls;
 	http_answer a = {0};
 
-	(void)version;
-	if (!r) {
+	if (!r) /* no context: out of memory in on_uri */
+		return MHD_NO;
+	if (!r->started) {
 		const char *cl;
+		size_t cl_len = 0;
 
-		if (!(r = calloc(1, sizeof(*r))) || !(r->path = strdup(url))) {
-			free(r);
-			return MHD_NO;
-		}
-		pthread_mutex_init(&r->lock, NULL);
-		r->server = h;
-		atomic_fetch_add(&h->active, 1);
-		*con_cls = r;
-		r->conn = conn;
-		clock_gettime(CLOCK_MONOTONIC, &r->start);
-		request_id(r->request_id);
+		r->started = 1;
 		snprintf(r->method, sizeof(r->method), "%s", method);
+		if (!(r->path = strdup(url)))
+			return MHD_NO;
+		if (r->target_problem) {
+			answer_problem(&a, r->target_status,
+			               r->target_status == 414 ? "uri_too_long" : "invalid_request",
+			               r->target_problem);
+			a.close = 1;
+			return send_answer(r, &a);
+		}
+		if (head_parse(&r->head, conn, method, url, version, r->raw_uri_len, &a) != 0)
+			return send_answer(r, &a);
 		if (route_prepare(h->state, r, method, url, &r->match, &a) != 0)
 			return send_answer(r, &a);
-		cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
+		cl = req_header(r, "Content-Length", &cl_len);
 		if (cl && strtoull(cl, NULL, 10) > SERVER_BODY_MAX) {
 			answer_problem(&a, 413, "payload_too_large",
 			               "the body is larger than 1 MiB");
@@ -335,6 +389,10 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 	(void)conn;
 	if (!r)
 		return;
+	/* A writer thread may still be inside http_write_done, between
+	 * MHD_resume_connection and its unlock: wait until it is out. */
+	pthread_mutex_lock(&r->lock);
+	pthread_mutex_unlock(&r->lock);
 	clock_gettime(CLOCK_MONOTONIC, &end);
 	secs =
 	    (double)(end.tv_sec - r->start.tv_sec) + (double)(end.tv_nsec - r->start.tv_nsec) / 1e9;
@@ -343,9 +401,10 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 	    strcmp(o, "replay") == 0 || strcmp(o, "in_progress") == 0 || strcmp(o, "mismatch") == 0;
 	claimed = dup || strcmp(o, "first") == 0;
 	metrics_observe(secs, claimed, dup);
-	log_request(r->request_id, r->method, r->path, r->answered ? r->answer.status : 0,
+	log_request(r->request_id, r->method, r->path ? r->path : "-", r->answered ? r->answer.status : 0,
 	            toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? o : "client-gone", secs * 1000.0);
 	free(r->later.body);
+	head_free(&r->head);
 	free(r->body);
 	free(r->path);
 	pthread_mutex_destroy(&r->lock);
@@ -426,6 +485,7 @@ int http_start(http_server **out, server_state *s, char *err, size_t errlen)
 	    (unsigned)s->cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
 	    (unsigned)s->cfg->conn_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024,
 	    MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+	    MHD_OPTION_URI_LOG_CALLBACK, on_uri, h,
 	    MHD_OPTION_END);
 	if (!h->daemon) {
 		snprintf(err, errlen, "cannot listen on %s (address in use or not permitted?)",
