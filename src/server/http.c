@@ -39,6 +39,7 @@ struct http_req {
 	route_match match;
 	int answered; /* a response was queued */
 	int too_large;
+	size_t dropped; /* body bytes read past SERVER_BODY_MAX and dropped */
 	char *body;
 	size_t len, cap;
 	http_answer answer; /* what was sent, for the log */
@@ -309,10 +310,18 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 		if (route_prepare(h->state, r, method, url, &r->match, &a) != 0)
 			return send_answer(r, &a);
 		cl = req_header(r, "Content-Length", &cl_len);
-		if (cl && strtoull(cl, NULL, 10) > SERVER_BODY_MAX) {
+		if (cl && strtoull(cl, NULL, 10) > SERVER_DRAIN_MAX) {
 			answer_problem(&a, 413, "payload_too_large",
 			               "the body is larger than 1 MiB");
+			a.close = 1;
 			return send_answer(r, &a);
+		}
+		/* Up to SERVER_DRAIN_MAX, the body is read and dropped before the
+		 * 413: a client that sends it whole before reading (Python's
+		 * http.client does) then reads the problem, not a broken pipe. */
+		if (cl && strtoull(cl, NULL, 10) > SERVER_BODY_MAX) {
+			r->too_large = 1;
+			return MHD_YES;
 		}
 		if (route_check_media(r, method, &a) != 0)
 			return send_answer(r, &a);
@@ -328,7 +337,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 		*upload_size = 0;
 		if (r->too_large || r->len + n > SERVER_BODY_MAX) {
 			r->too_large = 1;
-			return MHD_YES;
+			r->dropped += n;
+			/* chunked: no more than SERVER_DRAIN_MAX, then the connection goes */
+			return r->len + r->dropped > SERVER_DRAIN_MAX ? MHD_NO : MHD_YES;
 		}
 		if (r->len + n + 1 > r->cap) {
 			size_t cap = r->cap ? r->cap : 4096;

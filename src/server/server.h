@@ -13,6 +13,8 @@
 #include "idem/idem.h"
 
 #define SERVER_BODY_MAX (1024 * 1024)
+/* An oversized body up to this size is read and dropped before the 413. */
+#define SERVER_DRAIN_MAX (8 * 1024 * 1024)
 
 typedef enum { LOG_TEXT, LOG_JSON } log_format;
 

