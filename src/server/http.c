@@ -78,11 +78,151 @@ void http_write_done(void *ctx, int rc, idem_result *res)
 	pthread_mutex_unlock(&r->lock);
 }
 
+/*
+ * One per TCP connection (libmicrohttpd's socket context), on a list the
+ * watchdog walks. --connection-timeout is an idle timeout that every byte
+ * resets, so a client dripping a byte at a time held a connection forever
+ * (slowloris). The watchdog gives each request a deadline instead: its head
+ * and body must be in within --request-timeout of the connection's opening
+ * or its previous answer, else the socket is shut down. A request that is
+ * being answered (its body is in) is never cut.
+ */
+typedef struct conn_track {
+	struct conn_track *prev, *next;
+	int fd;
+	struct timespec since; /* the current request's clock started */
+	int reading;           /* its head or body is still arriving */
+	int cut;
+} conn_track;
+
 struct http_server {
 	struct MHD_Daemon *daemon;
 	server_state *state;
 	_Atomic int active;
+
+	pthread_mutex_t conns_lock; /* conns, and every conn_track's fields */
+	pthread_cond_t wake;
+	conn_track *conns;
+	pthread_t watchdog;
+	int watchdog_started, stopping;
+	_Atomic unsigned long cut_total;
 };
+
+static double since_s(const struct timespec *t)
+{
+	struct timespec now;
+
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	return (double)(now.tv_sec - t->tv_sec) + (double)(now.tv_nsec - t->tv_nsec) / 1e9;
+}
+
+static conn_track *track_of(struct MHD_Connection *conn)
+{
+	const union MHD_ConnectionInfo *ci =
+	    MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+
+	return ci ? ci->socket_context : NULL;
+}
+
+/* reading 1: the next request's clock starts now; 0: it is being answered. */
+static void track_set(http_server *h, struct MHD_Connection *conn, int reading)
+{
+	conn_track *t = track_of(conn);
+
+	if (!t)
+		return;
+	pthread_mutex_lock(&h->conns_lock);
+	if (reading && !t->reading)
+		clock_gettime(CLOCK_MONOTONIC, &t->since);
+	t->reading = reading;
+	pthread_mutex_unlock(&h->conns_lock);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+	http_server *h = cls;
+	conn_track *t = *socket_context;
+
+	if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+		const union MHD_ConnectionInfo *ci =
+		    MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+
+		if (!ci || !(t = calloc(1, sizeof(*t))))
+			return; /* untracked: only the idle timeout applies */
+		t->fd = ci->connect_fd;
+		t->reading = 1;
+		clock_gettime(CLOCK_MONOTONIC, &t->since);
+		pthread_mutex_lock(&h->conns_lock);
+		t->next = h->conns;
+		if (h->conns)
+			h->conns->prev = t;
+		h->conns = t;
+		pthread_mutex_unlock(&h->conns_lock);
+		*socket_context = t;
+		return;
+	}
+	if (!t)
+		return;
+	/* Called before libmicrohttpd closes the fd: once t is off the list
+	 * under the lock, the watchdog can no longer touch that fd. */
+	pthread_mutex_lock(&h->conns_lock);
+	if (t->prev)
+		t->prev->next = t->next;
+	else
+		h->conns = t->next;
+	if (t->next)
+		t->next->prev = t->prev;
+	pthread_mutex_unlock(&h->conns_lock);
+	free(t);
+	*socket_context = NULL;
+}
+
+static void *watchdog_main(void *arg)
+{
+	http_server *h = arg;
+	double limit = (double)h->state->cfg->request_timeout_s;
+
+	pthread_mutex_lock(&h->conns_lock);
+	while (!h->stopping) {
+		struct timespec until;
+		unsigned long cut = 0;
+
+		for (conn_track *t = h->conns; t; t = t->next) {
+			if (t->reading && !t->cut && since_s(&t->since) > limit) {
+				shutdown(t->fd, SHUT_RDWR);
+				t->cut = 1;
+				cut++;
+			}
+		}
+		if (cut) {
+			atomic_fetch_add(&h->cut_total, cut);
+			log_msg("warn", "http: %lu connection(s) past --request-timeout %ds closed",
+			        cut, h->state->cfg->request_timeout_s);
+		}
+		clock_gettime(CLOCK_REALTIME, &until);
+		until.tv_nsec += 200 * 1000000L;
+		if (until.tv_nsec >= 1000000000L) {
+			until.tv_sec++;
+			until.tv_nsec -= 1000000000L;
+		}
+		pthread_cond_timedwait(&h->wake, &h->conns_lock, &until);
+	}
+	pthread_mutex_unlock(&h->conns_lock);
+	return NULL;
+}
+
+static void watchdog_stop(http_server *h)
+{
+	if (!h->watchdog_started)
+		return;
+	pthread_mutex_lock(&h->conns_lock);
+	h->stopping = 1;
+	pthread_cond_signal(&h->wake);
+	pthread_mutex_unlock(&h->conns_lock);
+	pthread_join(h->watchdog, NULL);
+	h->watchdog_started = 0;
+}
 
 const char *req_header(http_req *r, const char *name, size_t *len)
 {
@@ -222,6 +362,7 @@ static enum MHD_Result send_answer(http_req *r, http_answer *a)
 		MHD_add_response_header(resp, "Connection", "close");
 	ret = MHD_queue_response(r->conn, (unsigned)a->status, resp);
 	MHD_destroy_response(resp);
+	track_set(r->server, r->conn, 0);
 	r->answered = 1;
 	r->answer.status = a->status;
 	r->answer.outcome = a->outcome ? a->outcome : "-";
@@ -371,6 +512,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 		return ready ? send_answer(r, &r->later) : MHD_YES;
 	}
 	r->dispatched = 1;
+	track_set(h, conn, 0); /* the request is in: no deadline while it is answered */
 	a.outcome = "-";
 	r->match.handler(h->state, r, &r->match, &a);
 	if (!a.pending)
@@ -397,7 +539,6 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 	int claimed, dup;
 	const char *o;
 
-	(void)conn;
 	if (!r)
 		return;
 	/* A writer thread may still be inside http_write_done, between
@@ -414,6 +555,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 	metrics_observe(secs, claimed, dup);
 	log_request(r->request_id, r->method, r->path ? r->path : "-", r->answered ? r->answer.status : 0,
 	            toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? o : "client-gone", secs * 1000.0);
+	track_set(h, conn, 1);
 	free(r->later.body);
 	head_free(&r->head);
 	free(r->body);
@@ -489,6 +631,8 @@ int http_start(http_server **out, server_state *s, char *err, size_t errlen)
 		return -1;
 	}
 	h->state = s;
+	pthread_mutex_init(&h->conns_lock, NULL);
+	pthread_cond_init(&h->wake, NULL);
 	h->daemon = MHD_start_daemon(
 	    flags, 0, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
 	    MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_THREAD_POOL_SIZE,
@@ -496,7 +640,8 @@ int http_start(http_server **out, server_state *s, char *err, size_t errlen)
 	    (unsigned)s->cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
 	    (unsigned)s->cfg->conn_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024,
 	    MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
-	    MHD_OPTION_URI_LOG_CALLBACK, on_uri, h,
+	    MHD_OPTION_URI_LOG_CALLBACK, on_uri, h, MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
+	    MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->cfg->max_connections_per_ip,
 	    MHD_OPTION_END);
 	if (!h->daemon) {
 		snprintf(err, errlen, "cannot listen on %s (address in use or not permitted?)",
@@ -504,6 +649,10 @@ int http_start(http_server **out, server_state *s, char *err, size_t errlen)
 		free(h);
 		return -1;
 	}
+	if (pthread_create(&h->watchdog, NULL, watchdog_main, h) == 0)
+		h->watchdog_started = 1;
+	else
+		log_msg("warn", "http: no request deadline (cannot start the watchdog thread)");
 	*out = h;
 	return 0;
 }
@@ -531,6 +680,7 @@ int http_stop(http_server *h, int grace_ms)
 	if ((left = atomic_load(&h->active)) > 0)
 		return left;
 	MHD_stop_daemon(h->daemon);
+	watchdog_stop(h);
 	free(h);
 	return 0;
 }

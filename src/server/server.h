@@ -27,6 +27,8 @@ typedef struct {
 	int mock_channel_delay_ms;
 	int max_connections;
 	int conn_timeout_s;
+	int request_timeout_s;      /* head + body of one request, from its start */
+	int max_connections_per_ip; /* 0: no cap */
 	int synchronous_full;
 	int busy_timeout_ms;
 	int max_retries;

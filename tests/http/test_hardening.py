@@ -104,5 +104,107 @@ class Hardening(harness.TestCase):
                 self.assertNoRecord(self.m, "payment", k)
 
 
+def drip(socks, stop, every=0.5):
+    """Send one more byte of a header line on every socket, every `every`
+    seconds, until stop is set (one thread for all of them)."""
+    while not stop.wait(every):
+        for s in socks:
+            try:
+                s.send(b"x")
+            except OSError:
+                pass
+
+
+def is_closed(s, wait):
+    """True when the server closed s within wait seconds."""
+    s.settimeout(wait)
+    try:
+        return s.recv(4096) == b"" or True  # an answer (408/400) or EOF
+    except socket.timeout:
+        return False
+    except OSError:
+        return True
+
+
+class Slowloris(harness.TestCase):
+    """500 connections from 127.0.0.1 dripping a header byte by byte, on a
+    server that takes 300: a normal client from another address is served."""
+    SERVER_ARGS = ("--max-connections", "300", "--max-connections-per-ip", "50",
+                   "--request-timeout", "20", "--connection-timeout", "30")
+    SLOW = 500
+
+    def test_normal_client_is_served_while_500_drip(self):
+        socks, stop = [], threading.Event()
+        try:
+            for _ in range(self.SLOW):
+                try:
+                    s = socket.create_connection((harness.HOST, self.server.port), timeout=5)
+                    s.send(b"POST /v1/payments HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                    socks.append(s)
+                except OSError:
+                    pass  # refused at once: fine
+            t = threading.Thread(target=drip, args=(socks, stop), daemon=True)
+            t.start()
+            time.sleep(1.0)  # let the server settle on them
+            conn = http.client.HTTPConnection(harness.HOST, self.server.port, timeout=5,
+                                              source_address=("127.0.0.2", 0))
+            try:
+                conn.request("GET", "/healthz")
+                r = conn.getresponse()
+                r.read()
+            finally:
+                conn.close()
+            self.assertEqual(r.status, 200)
+        finally:
+            stop.set()
+            for s in socks:
+                s.close()
+
+
+class Deadline(harness.TestCase):
+    """A request dripping in a byte every 0.3 s is cut at --request-timeout,
+    although every byte resets --connection-timeout."""
+    SERVER_ARGS = ("--request-timeout", "2", "--connection-timeout", "60")
+
+    def test_dripping_head_is_cut(self):
+        s = socket.create_connection((harness.HOST, self.server.port), timeout=5)
+        stop = threading.Event()
+        t = threading.Thread(target=drip, args=([s], stop, 0.3), daemon=True)
+        try:
+            s.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            t.start()
+            self.assertTrue(is_closed(s, 15), "still open 15 s into a 2 s request deadline")
+        finally:
+            stop.set()
+            s.close()
+        self.assertStatus(self.server.request("GET", "/healthz"), 200)
+
+    def test_dripping_body_is_cut(self):
+        m = self.server.new_merchant()
+        s = socket.create_connection((harness.HOST, self.server.port), timeout=5)
+        stop = threading.Event()
+        t = threading.Thread(target=drip, args=([s], stop, 0.3), daemon=True)
+        try:
+            s.send(b"POST /v1/payments HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                   + m.api_key.encode() + b"\r\nContent-Length: 100000\r\n\r\n{")
+            t.start()
+            self.assertTrue(is_closed(s, 15), "still open 15 s into a 2 s request deadline")
+        finally:
+            stop.set()
+            s.close()
+
+    def test_a_quick_request_on_an_old_connection_is_not_cut(self):
+        conn = http.client.HTTPConnection(harness.HOST, self.server.port, timeout=10)
+        try:
+            for _ in range(3):
+                conn.request("GET", "/healthz")
+                r = conn.getresponse()
+                r.read()
+                self.assertEqual(r.status, 200)
+                time.sleep(1.0)  # under the deadline between requests
+        finally:
+            conn.close()
+
+
 if __name__ == "__main__":
     harness.main()
