@@ -30,8 +30,8 @@ struct http_req {
 	char request_id[17];
 	char method[12];
 	char *path;
-	int started;        /* on_request has seen the head */
-	size_t raw_uri_len; /* the target as received, up to a NUL */
+	int started;                /* on_request has seen the head */
+	size_t raw_uri_len;         /* the target as received, up to a NUL */
 	const char *target_problem; /* why the target is refused, or NULL */
 	int target_status;
 	req_head head;
@@ -370,7 +370,7 @@ static enum MHD_Result send_answer(http_req *r, http_answer *a)
 	return ret;
 }
 
-#define TARGET_MAX 8192
+#define TARGET_MAX       8192
 #define QUERY_PARAMS_MAX 256
 
 /*
@@ -553,7 +553,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 	    strcmp(o, "replay") == 0 || strcmp(o, "in_progress") == 0 || strcmp(o, "mismatch") == 0;
 	claimed = dup || strcmp(o, "first") == 0;
 	metrics_observe(secs, claimed, dup);
-	log_request(r->request_id, r->method, r->path ? r->path : "-", r->answered ? r->answer.status : 0,
+	log_request(r->request_id, r->method, r->path ? r->path : "-",
+	            r->answered ? r->answer.status : 0,
 	            toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? o : "client-gone", secs * 1000.0);
 	track_set(h, conn, 1);
 	free(r->later.body);

@@ -11,7 +11,7 @@
 
 #include "server/server.h"
 
-#define WWW_AUTH_BEARER "Bearer realm=\"idem\""
+#define WWW_AUTH_BEARER    "Bearer realm=\"idem\""
 #define WWW_AUTH_SIGNATURE "Signature realm=\"idem\", header=\"X-Signature\""
 
 /* ---- Idempotency-Key ---- */
