@@ -257,6 +257,11 @@ int head_parse(req_head *h, struct MHD_Connection *conn, const char *method, con
 	collect_ctx c = {h, 0};
 
 	memset(h, 0, sizeof(*h));
+	if (!method[0])
+		return bad(a, 400, "invalid_request", "no method");
+	for (const char *p = method; *p; p++)
+		if (!is_tchar((unsigned char)*p))
+			return bad(a, 400, "invalid_request", "the method is not a token");
 	if (!(h->f = calloc(HEAD_FIELDS_MAX, sizeof(*h->f)))) {
 		answer_problem(a, 500, "internal_error", "out of memory");
 		return -1;

@@ -29,7 +29,6 @@ struct http_req {
 	http_server *server;
 	char request_id[17];
 	char method[12];
-	char *path;
 	int started;                /* on_request has seen the head */
 	size_t raw_uri_len;         /* the target as received, up to a NUL */
 	const char *target_problem; /* why the target is refused, or NULL */
@@ -437,8 +436,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 
 		r->started = 1;
 		snprintf(r->method, sizeof(r->method), "%s", method);
-		if (!(r->path = strdup(url)))
-			return MHD_NO;
 		if (r->target_problem) {
 			answer_problem(&a, r->target_status,
 			               r->target_status == 414 ? "uri_too_long" : "invalid_request",
@@ -553,14 +550,13 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 	    strcmp(o, "replay") == 0 || strcmp(o, "in_progress") == 0 || strcmp(o, "mismatch") == 0;
 	claimed = dup || strcmp(o, "first") == 0;
 	metrics_observe(secs, claimed, dup);
-	log_request(r->request_id, r->method, r->path ? r->path : "-",
+	log_request(r->request_id, r->method, r->match.route ? r->match.route : "-",
 	            r->answered ? r->answer.status : 0,
 	            toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? o : "client-gone", secs * 1000.0);
 	track_set(h, conn, 1);
 	free(r->later.body);
 	head_free(&r->head);
 	free(r->body);
-	free(r->path);
 	pthread_mutex_destroy(&r->lock);
 	free(r);
 	*con_cls = NULL;

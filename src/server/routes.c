@@ -232,21 +232,23 @@ typedef enum { AUTH_NONE, AUTH_BEARER, AUTH_SIGNATURE } auth_kind;
 typedef struct {
 	const char *method;
 	const char *pattern; /* literal segments; "*" one parameter; "**" the rest */
+	const char *name;    /* the template, as logged */
 	auth_kind auth;
 	int (*handler)(server_state *, http_req *, route_match *, http_answer *);
 } route;
 
 static const route routes[] = {
-    {"POST", "/v1/payments", AUTH_BEARER, h_create_payment},
-    {"GET", "/v1/payments", AUTH_BEARER, h_find_payment},
-    {"GET", "/v1/payments/*", AUTH_BEARER, h_get_payment},
-    {"POST", "/v1/refunds", AUTH_BEARER, h_refund},
-    {"POST", "/v1/transfers", AUTH_BEARER, h_transfer},
-    {"GET", "/v1/balance", AUTH_BEARER, h_balance},
-    {"POST", "/v1/notifications/*", AUTH_SIGNATURE, h_notify},
-    {"GET", "/v1/idempotency-records/*/**", AUTH_BEARER, h_record},
-    {"GET", "/healthz", AUTH_NONE, h_healthz},
-    {"GET", "/metrics", AUTH_NONE, h_metrics},
+    {"POST", "/v1/payments", "/v1/payments", AUTH_BEARER, h_create_payment},
+    {"GET", "/v1/payments", "/v1/payments", AUTH_BEARER, h_find_payment},
+    {"GET", "/v1/payments/*", "/v1/payments/{id}", AUTH_BEARER, h_get_payment},
+    {"POST", "/v1/refunds", "/v1/refunds", AUTH_BEARER, h_refund},
+    {"POST", "/v1/transfers", "/v1/transfers", AUTH_BEARER, h_transfer},
+    {"GET", "/v1/balance", "/v1/balance", AUTH_BEARER, h_balance},
+    {"POST", "/v1/notifications/*", "/v1/notifications/{channel}", AUTH_SIGNATURE, h_notify},
+    {"GET", "/v1/idempotency-records/*/**", "/v1/idempotency-records/{type}/{key}", AUTH_BEARER,
+     h_record},
+    {"GET", "/healthz", "/healthz", AUTH_NONE, h_healthz},
+    {"GET", "/metrics", "/metrics", AUTH_NONE, h_metrics},
 };
 
 #define NROUTES (sizeof(routes) / sizeof(routes[0]))
@@ -306,9 +308,11 @@ int route_prepare(server_state *s, http_req *r, const char *method, const char *
 
 		if (!match(routes[i].pattern, path, &tmp))
 			continue;
+		m->route = routes[i].name;
 		if (strcmp(routes[i].method, method) == 0) {
 			found = &routes[i];
 			*m = tmp;
+			m->route = routes[i].name;
 			break;
 		}
 		has_get |= strcmp(routes[i].method, "GET") == 0;

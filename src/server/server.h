@@ -44,7 +44,8 @@ typedef struct {
 void log_init(log_format fmt);
 /* level: "info", "warn", "error". A message, never a secret. */
 void log_msg(const char *level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void log_request(const char *request_id, const char *method, const char *path, int status,
+/* route: the route template (/v1/payments/{id}), or "-" when none matched. */
+void log_request(const char *request_id, const char *method, const char *route, int status,
                  const char *outcome, double duration_ms);
 
 /* ---- metrics (metrics.c) ---- */
@@ -109,6 +110,7 @@ void answer_result(http_answer *a, int rc, idem_result *res);
 typedef struct route_match route_match;
 struct route_match {
 	int (*handler)(server_state *s, http_req *r, route_match *m, http_answer *a);
+	const char *route;               /* the template matched, for the log; NULL: none */
 	char merchant[IDEM_PAY_ID_SIZE]; /* authenticated merchant */
 	char param[320];                 /* path parameter ({id}, {channel}, {type}) */
 	char param2[320];                /* second path parameter ({key}) */

@@ -104,6 +104,55 @@ class Hardening(harness.TestCase):
                 self.assertNoRecord(self.m, "payment", k)
 
 
+class Logs:
+    """Mixed into a TestCase with a server whose log is checked."""
+
+    def hostile_requests(self):
+        m = self.server.new_merchant()
+        ch = self.server.new_channel()
+        key = uid("SECRETKEY")
+        self.assertFirst(m.post("/v1/payments", m.payment_body(100, "CNY", ch.name), key=key))
+        self.assertStatus(m.record("payment", key), 200)
+        port = self.server.port
+        for method in (b"G\x1b[2J\x1b[31mET", b"GE\rT", b"P\xffO\xfeST", b"GET\x00X"):
+            exchange(port, method + b" /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        exchange(port, b"GET /v1/payments/%1b[2J%0d%0aFAKE HTTP/1.1\r\nHost: x\r\n"
+                       b"Connection: close\r\n\r\n")
+        marker = self.server.request("GET", "/healthz").header("X-Request-Id")
+        log = self.server.wait_log(lambda t: marker in t)
+        time.sleep(0.2)
+        with open(self.server.log_path, "rb") as f:
+            raw = f.read()
+        self.assertNotIn(b"\x1b", raw)
+        self.assertNotIn(b"\r", raw)
+        self.assertNotIn(b"\xff", raw)
+        self.assertNotIn(key, log, "an idempotency key reached the log")
+        self.assertNotIn(b"FAKE", raw)
+        raw.decode("ascii")  # every byte printable ASCII
+        return raw
+
+
+class TextLogs(harness.TestCase, Logs):
+
+    def test_text_log_cannot_be_forged(self):
+        raw = self.hostile_requests()
+        self.assertIn(b"G\\x1b[2J", raw)  # escaped, still readable
+        for ln in raw.splitlines():
+            self.assertRegex(ln, rb"^\d{4}-\d\d-\d\dT", "a line that is not idemd's: %r" % ln)
+
+
+class JsonLogs(harness.TestCase, Logs):
+    SERVER_ARGS = ("--log-format", "json")
+
+    def test_json_log_lines_stay_json(self):
+        raw = self.hostile_requests()
+        methods = []
+        for ln in raw.splitlines():
+            d = json.loads(ln)  # every line
+            methods.append(d.get("method"))
+        self.assertIn("P\\xffO\\xfeST", methods)
+
+
 def drip(socks, stop, every=0.5):
     """Send one more byte of a header line on every socket, every `every`
     seconds, until stop is set (one thread for all of them)."""
