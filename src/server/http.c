@@ -63,6 +63,14 @@ idem_pay_request *req_write(http_req *r, char **key_buf, size_t *key_size, char 
 	return &r->write;
 }
 
+/*
+ * Test hook (tests/http/test_hardening.py ResumeRace): IDEMD_TEST_RESUME_DELAY_US
+ * widens the window between MHD_resume_connection and the unlock below, in
+ * which libmicrohttpd may already have completed the request on its own
+ * thread (the client is gone) and on_completed would free r.
+ */
+static long resume_delay_us;
+
 void http_write_done(void *ctx, int rc, idem_result *res)
 {
 	http_req *r = ctx;
@@ -73,7 +81,12 @@ void http_write_done(void *ctx, int rc, idem_result *res)
 	if (r->suspended) {
 		r->suspended = 0;
 		MHD_resume_connection(r->conn);
+		if (resume_delay_us > 0)
+			nanosleep(&(struct timespec){resume_delay_us / 1000000,
+			                             resume_delay_us % 1000000 * 1000},
+			          NULL);
 	}
+	/* on_completed takes this lock before it frees r: r is still ours here */
 	pthread_mutex_unlock(&r->lock);
 }
 
@@ -619,6 +632,11 @@ int http_start(http_server **out, server_state *s, char *err, size_t errlen)
 	                 MHD_ALLOW_SUSPEND_RESUME;
 
 	*out = NULL;
+	{
+		const char *d = getenv("IDEMD_TEST_RESUME_DELAY_US");
+
+		resume_delay_us = d ? strtol(d, NULL, 10) : 0;
+	}
 	if (parse_listen(s->cfg->listen, &ss, err, errlen) < 0)
 		return -1;
 	if (ss.ss_family == AF_INET6)

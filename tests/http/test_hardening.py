@@ -255,5 +255,44 @@ class Deadline(harness.TestCase):
             conn.close()
 
 
+class ResumeRace(harness.TestCase):
+    """Issue 16: http_write_done resumes the connection, then unlocks r->lock;
+    could on_completed free r in between? The test hook holds the writer in
+    that window for 100 ms while clients reset their connections right after
+    sending. Run it on a ThreadSanitizer build (cmake -B build-tsan
+    -DCMAKE_C_FLAGS=-fsanitize=thread -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread):
+    it reports "destroy of a locked mutex" and exits non-zero as soon as
+    anything frees r inside the window. On libmicrohttpd 0.9.75 nothing does
+    (the resumed on_request call takes r->lock before it can answer, and
+    on_completed only follows the answer); on_completed now takes the lock
+    too, so that no longer depends on libmicrohttpd's order."""
+
+    @classmethod
+    def setUpClass(cls):
+        os.environ["IDEMD_TEST_RESUME_DELAY_US"] = "100000"
+        try:
+            super().setUpClass()
+        finally:
+            del os.environ["IDEMD_TEST_RESUME_DELAY_US"]
+
+    def test_client_gone_while_the_writer_resumes(self):
+        m = self.server.new_merchant()
+        ch = self.server.new_channel()
+        for i in range(20):
+            body = harness.dumps(m.payment_body(100, "CNY", ch.name))
+            req = (b"POST /v1/payments HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                   + m.api_key.encode() + b"\r\nContent-Type: application/json\r\n"
+                   b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            s = socket.create_connection((harness.HOST, self.server.port), timeout=5)
+            s.sendall(req)
+            # RST at once: libmicrohttpd sees ECONNRESET when it resumes
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            s.close()
+        time.sleep(0.5)
+        self.assertEqual(self.server.proc.poll(), None, "idemd died:\n" + self.server.log_tail())
+        self.assertStatus(self.server.request("GET", "/healthz"), 200)
+        self.assertNotIn("Sanitizer", self.server.log_text())
+
+
 if __name__ == "__main__":
     harness.main()
