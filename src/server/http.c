@@ -29,11 +29,16 @@ struct http_req {
 	http_server *server;
 	char request_id[17];
 	char method[12];
-	char *path;
+	int started;                /* on_request has seen the head */
+	size_t raw_uri_len;         /* the target as received, up to a NUL */
+	const char *target_problem; /* why the target is refused, or NULL */
+	int target_status;
+	req_head head;
 	struct timespec start;
 	route_match match;
 	int answered; /* a response was queued */
 	int too_large;
+	size_t dropped; /* body bytes read past SERVER_BODY_MAX and dropped */
 	char *body;
 	size_t len, cap;
 	http_answer answer; /* what was sent, for the log */
@@ -58,6 +63,14 @@ idem_pay_request *req_write(http_req *r, char **key_buf, size_t *key_size, char 
 	return &r->write;
 }
 
+/*
+ * Test hook (tests/http/test_hardening.py ResumeRace): IDEMD_TEST_RESUME_DELAY_US
+ * widens the window between MHD_resume_connection and the unlock below, in
+ * which libmicrohttpd may already have completed the request on its own
+ * thread (the client is gone) and on_completed would free r.
+ */
+static long resume_delay_us;
+
 void http_write_done(void *ctx, int rc, idem_result *res)
 {
 	http_req *r = ctx;
@@ -68,49 +81,185 @@ void http_write_done(void *ctx, int rc, idem_result *res)
 	if (r->suspended) {
 		r->suspended = 0;
 		MHD_resume_connection(r->conn);
+		if (resume_delay_us > 0)
+			nanosleep(&(struct timespec){resume_delay_us / 1000000,
+			                             resume_delay_us % 1000000 * 1000},
+			          NULL);
 	}
+	/* on_completed takes this lock before it frees r: r is still ours here */
 	pthread_mutex_unlock(&r->lock);
 }
+
+/*
+ * One per TCP connection (libmicrohttpd's socket context), on a list the
+ * watchdog walks. --connection-timeout is an idle timeout that every byte
+ * resets, so a client dripping a byte at a time held a connection forever
+ * (slowloris). The watchdog gives each request a deadline instead: its head
+ * and body must be in within --request-timeout of the connection's opening
+ * or its previous answer, else the socket is shut down. A request that is
+ * being answered (its body is in) is never cut.
+ */
+typedef struct conn_track {
+	struct conn_track *prev, *next;
+	int fd;
+	struct timespec since; /* the current request's clock started */
+	int reading;           /* its head or body is still arriving */
+	int cut;
+} conn_track;
 
 struct http_server {
 	struct MHD_Daemon *daemon;
 	server_state *state;
 	_Atomic int active;
+
+	pthread_mutex_t conns_lock; /* conns, and every conn_track's fields */
+	pthread_cond_t wake;
+	conn_track *conns;
+	pthread_t watchdog;
+	int watchdog_started, stopping;
+	_Atomic unsigned long cut_total;
 };
 
-const char *req_header(http_req *r, const char *name)
+static double since_s(const struct timespec *t)
 {
-	return MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, name);
+	struct timespec now;
+
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	return (double)(now.tv_sec - t->tv_sec) + (double)(now.tv_nsec - t->tv_nsec) / 1e9;
 }
 
-const char *req_query(http_req *r, const char *name)
+static conn_track *track_of(struct MHD_Connection *conn)
 {
-	return MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, name);
+	const union MHD_ConnectionInfo *ci =
+	    MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+
+	return ci ? ci->socket_context : NULL;
 }
 
-typedef struct {
-	const char *name;
-	int n;
-} header_count;
-
-static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const char *key,
-                                    const char *value)
+/* reading 1: the next request's clock starts now; 0: it is being answered. */
+static void track_set(http_server *h, struct MHD_Connection *conn, int reading)
 {
-	header_count *hc = cls;
+	conn_track *t = track_of(conn);
 
-	(void)kind;
-	(void)value;
-	if (strcasecmp(key, hc->name) == 0)
-		hc->n++;
-	return MHD_YES;
+	if (!t)
+		return;
+	pthread_mutex_lock(&h->conns_lock);
+	if (reading && !t->reading)
+		clock_gettime(CLOCK_MONOTONIC, &t->since);
+	t->reading = reading;
+	pthread_mutex_unlock(&h->conns_lock);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+	http_server *h = cls;
+	conn_track *t = *socket_context;
+
+	if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+		const union MHD_ConnectionInfo *ci =
+		    MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+
+		if (!ci || !(t = calloc(1, sizeof(*t))))
+			return; /* untracked: only the idle timeout applies */
+		t->fd = ci->connect_fd;
+		t->reading = 1;
+		clock_gettime(CLOCK_MONOTONIC, &t->since);
+		pthread_mutex_lock(&h->conns_lock);
+		t->next = h->conns;
+		if (h->conns)
+			h->conns->prev = t;
+		h->conns = t;
+		pthread_mutex_unlock(&h->conns_lock);
+		*socket_context = t;
+		return;
+	}
+	if (!t)
+		return;
+	/* Called before libmicrohttpd closes the fd: once t is off the list
+	 * under the lock, the watchdog can no longer touch that fd. */
+	pthread_mutex_lock(&h->conns_lock);
+	if (t->prev)
+		t->prev->next = t->next;
+	else
+		h->conns = t->next;
+	if (t->next)
+		t->next->prev = t->prev;
+	pthread_mutex_unlock(&h->conns_lock);
+	free(t);
+	*socket_context = NULL;
+}
+
+static void *watchdog_main(void *arg)
+{
+	http_server *h = arg;
+	double limit = (double)h->state->cfg->request_timeout_s;
+
+	pthread_mutex_lock(&h->conns_lock);
+	while (!h->stopping) {
+		struct timespec until;
+		unsigned long cut = 0;
+
+		for (conn_track *t = h->conns; t; t = t->next) {
+			if (t->reading && !t->cut && since_s(&t->since) > limit) {
+				shutdown(t->fd, SHUT_RDWR);
+				t->cut = 1;
+				cut++;
+			}
+		}
+		if (cut) {
+			atomic_fetch_add(&h->cut_total, cut);
+			log_msg("warn", "http: %lu connection(s) past --request-timeout %ds closed",
+			        cut, h->state->cfg->request_timeout_s);
+		}
+		clock_gettime(CLOCK_REALTIME, &until);
+		until.tv_nsec += 200 * 1000000L;
+		if (until.tv_nsec >= 1000000000L) {
+			until.tv_sec++;
+			until.tv_nsec -= 1000000000L;
+		}
+		pthread_cond_timedwait(&h->wake, &h->conns_lock, &until);
+	}
+	pthread_mutex_unlock(&h->conns_lock);
+	return NULL;
+}
+
+static void watchdog_stop(http_server *h)
+{
+	if (!h->watchdog_started)
+		return;
+	pthread_mutex_lock(&h->conns_lock);
+	h->stopping = 1;
+	pthread_cond_signal(&h->wake);
+	pthread_mutex_unlock(&h->conns_lock);
+	pthread_join(h->watchdog, NULL);
+	h->watchdog_started = 0;
+}
+
+const char *req_header(http_req *r, const char *name, size_t *len)
+{
+	return head_get(&r->head, name, len, NULL);
+}
+
+const char *req_query(http_req *r, const char *name, size_t *len)
+{
+	const char *v = NULL;
+
+	*len = 0;
+	if (MHD_lookup_connection_value_n(r->conn, MHD_GET_ARGUMENT_KIND, name, strlen(name), &v,
+	                                  len) != MHD_YES)
+		return NULL;
+	if (!v)
+		v = "";
+	return v;
 }
 
 int req_header_count(http_req *r, const char *name)
 {
-	header_count hc = {name, 0};
+	int n = 0;
 
-	MHD_get_connection_values(r->conn, MHD_HEADER_KIND, count_header, &hc);
-	return hc.n;
+	head_get(&r->head, name, NULL, &n);
+	return n;
 }
 
 const char *req_body(http_req *r, size_t *len)
@@ -219,13 +368,69 @@ static enum MHD_Result send_answer(http_req *r, http_answer *a)
 	}
 	if (a->allow)
 		MHD_add_response_header(resp, "Allow", a->allow);
+	if (a->www_auth)
+		MHD_add_response_header(resp, "WWW-Authenticate", a->www_auth);
+	if (a->close)
+		MHD_add_response_header(resp, "Connection", "close");
 	ret = MHD_queue_response(r->conn, (unsigned)a->status, resp);
 	MHD_destroy_response(resp);
+	track_set(r->server, r->conn, 0);
 	r->answered = 1;
 	r->answer.status = a->status;
 	r->answer.outcome = a->outcome ? a->outcome : "-";
 	r->answer.replayed = a->replayed;
 	return ret;
+}
+
+#define TARGET_MAX       8192
+#define QUERY_PARAMS_MAX 256
+
+/*
+ * The request line is in: libmicrohttpd calls this with the target as
+ * received, before it splits and decodes the query, and makes the return
+ * value the request's context. The raw target is checked here: its bytes,
+ * no %00 (a decoded NUL would cut the path or a query value short), and at
+ * most QUERY_PARAMS_MAX parameters: 0.9.75 runs out of connection memory on
+ * thousands of them and then never answers, so the query of such a target
+ * is emptied before it is parsed and the request answered 414.
+ */
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn)
+{
+	http_server *h = cls;
+	http_req *r = calloc(1, sizeof(*r));
+	size_t params = 0;
+	char *q;
+
+	if (!r)
+		return NULL;
+	pthread_mutex_init(&r->lock, NULL);
+	r->server = h;
+	r->conn = conn;
+	snprintf(r->method, sizeof(r->method), "-");
+	clock_gettime(CLOCK_MONOTONIC, &r->start);
+	request_id(r->request_id);
+	atomic_fetch_add(&h->active, 1);
+	r->raw_uri_len = strlen(uri);
+	for (size_t i = 0; i < r->raw_uri_len; i++) {
+		unsigned char c = (unsigned char)uri[i];
+
+		params += c == '&';
+		if (c < 0x21 || c > 0x7e) {
+			r->target_problem = "the request target holds a byte outside 0x21..0x7E";
+			r->target_status = 400;
+		} else if (c == '%' && uri[i + 1] == '0' && uri[i + 2] == '0') {
+			r->target_problem = "the request target holds %00";
+			r->target_status = 400;
+		}
+	}
+	if (r->raw_uri_len > TARGET_MAX || params >= QUERY_PARAMS_MAX) {
+		r->target_problem = "the request target is too long or has too many parameters";
+		r->target_status = 414;
+		/* the same buffer libmicrohttpd parses next: leave it no query */
+		if ((q = strchr(uri, '?')) != NULL)
+			q[1] = '\0';
+	}
+	return r;
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
@@ -236,29 +441,38 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 	http_req *r = *con_cls;
 	http_answer a = {0};
 
-	(void)version;
-	if (!r) {
+	if (!r) /* no context: out of memory in on_uri */
+		return MHD_NO;
+	if (!r->started) {
 		const char *cl;
+		size_t cl_len = 0;
 
-		if (!(r = calloc(1, sizeof(*r))) || !(r->path = strdup(url))) {
-			free(r);
-			return MHD_NO;
-		}
-		pthread_mutex_init(&r->lock, NULL);
-		r->server = h;
-		atomic_fetch_add(&h->active, 1);
-		*con_cls = r;
-		r->conn = conn;
-		clock_gettime(CLOCK_MONOTONIC, &r->start);
-		request_id(r->request_id);
+		r->started = 1;
 		snprintf(r->method, sizeof(r->method), "%s", method);
+		if (r->target_problem) {
+			answer_problem(&a, r->target_status,
+			               r->target_status == 414 ? "uri_too_long" : "invalid_request",
+			               r->target_problem);
+			a.close = 1;
+			return send_answer(r, &a);
+		}
+		if (head_parse(&r->head, conn, method, url, version, r->raw_uri_len, &a) != 0)
+			return send_answer(r, &a);
 		if (route_prepare(h->state, r, method, url, &r->match, &a) != 0)
 			return send_answer(r, &a);
-		cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
-		if (cl && strtoull(cl, NULL, 10) > SERVER_BODY_MAX) {
+		cl = req_header(r, "Content-Length", &cl_len);
+		if (cl && strtoull(cl, NULL, 10) > SERVER_DRAIN_MAX) {
 			answer_problem(&a, 413, "payload_too_large",
 			               "the body is larger than 1 MiB");
+			a.close = 1;
 			return send_answer(r, &a);
+		}
+		/* Up to SERVER_DRAIN_MAX, the body is read and dropped before the
+		 * 413: a client that sends it whole before reading (Python's
+		 * http.client does) then reads the problem, not a broken pipe. */
+		if (cl && strtoull(cl, NULL, 10) > SERVER_BODY_MAX) {
+			r->too_large = 1;
+			return MHD_YES;
 		}
 		if (route_check_media(r, method, &a) != 0)
 			return send_answer(r, &a);
@@ -274,7 +488,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 		*upload_size = 0;
 		if (r->too_large || r->len + n > SERVER_BODY_MAX) {
 			r->too_large = 1;
-			return MHD_YES;
+			r->dropped += n;
+			/* chunked: no more than SERVER_DRAIN_MAX, then the connection goes */
+			return r->len + r->dropped > SERVER_DRAIN_MAX ? MHD_NO : MHD_YES;
 		}
 		if (r->len + n + 1 > r->cap) {
 			size_t cap = r->cap ? r->cap : 4096;
@@ -306,6 +522,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 		return ready ? send_answer(r, &r->later) : MHD_YES;
 	}
 	r->dispatched = 1;
+	track_set(h, conn, 0); /* the request is in: no deadline while it is answered */
 	a.outcome = "-";
 	r->match.handler(h->state, r, &r->match, &a);
 	if (!a.pending)
@@ -332,9 +549,12 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 	int claimed, dup;
 	const char *o;
 
-	(void)conn;
 	if (!r)
 		return;
+	/* A writer thread may still be inside http_write_done, between
+	 * MHD_resume_connection and its unlock: wait until it is out. */
+	pthread_mutex_lock(&r->lock);
+	pthread_mutex_unlock(&r->lock);
 	clock_gettime(CLOCK_MONOTONIC, &end);
 	secs =
 	    (double)(end.tv_sec - r->start.tv_sec) + (double)(end.tv_nsec - r->start.tv_nsec) / 1e9;
@@ -343,11 +563,13 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 	    strcmp(o, "replay") == 0 || strcmp(o, "in_progress") == 0 || strcmp(o, "mismatch") == 0;
 	claimed = dup || strcmp(o, "first") == 0;
 	metrics_observe(secs, claimed, dup);
-	log_request(r->request_id, r->method, r->path, r->answered ? r->answer.status : 0,
+	log_request(r->request_id, r->method, r->match.route ? r->match.route : "-",
+	            r->answered ? r->answer.status : 0,
 	            toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? o : "client-gone", secs * 1000.0);
+	track_set(h, conn, 1);
 	free(r->later.body);
+	head_free(&r->head);
 	free(r->body);
-	free(r->path);
 	pthread_mutex_destroy(&r->lock);
 	free(r);
 	*con_cls = NULL;
@@ -410,6 +632,11 @@ int http_start(http_server **out, server_state *s, char *err, size_t errlen)
 	                 MHD_ALLOW_SUSPEND_RESUME;
 
 	*out = NULL;
+	{
+		const char *d = getenv("IDEMD_TEST_RESUME_DELAY_US");
+
+		resume_delay_us = d ? strtol(d, NULL, 10) : 0;
+	}
 	if (parse_listen(s->cfg->listen, &ss, err, errlen) < 0)
 		return -1;
 	if (ss.ss_family == AF_INET6)
@@ -419,6 +646,8 @@ int http_start(http_server **out, server_state *s, char *err, size_t errlen)
 		return -1;
 	}
 	h->state = s;
+	pthread_mutex_init(&h->conns_lock, NULL);
+	pthread_cond_init(&h->wake, NULL);
 	h->daemon = MHD_start_daemon(
 	    flags, 0, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
 	    MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_THREAD_POOL_SIZE,
@@ -426,6 +655,8 @@ int http_start(http_server **out, server_state *s, char *err, size_t errlen)
 	    (unsigned)s->cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
 	    (unsigned)s->cfg->conn_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024,
 	    MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+	    MHD_OPTION_URI_LOG_CALLBACK, on_uri, h, MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
+	    MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->cfg->max_connections_per_ip,
 	    MHD_OPTION_END);
 	if (!h->daemon) {
 		snprintf(err, errlen, "cannot listen on %s (address in use or not permitted?)",
@@ -433,6 +664,10 @@ int http_start(http_server **out, server_state *s, char *err, size_t errlen)
 		free(h);
 		return -1;
 	}
+	if (pthread_create(&h->watchdog, NULL, watchdog_main, h) == 0)
+		h->watchdog_started = 1;
+	else
+		log_msg("warn", "http: no request deadline (cannot start the watchdog thread)");
 	*out = h;
 	return 0;
 }
@@ -460,6 +695,7 @@ int http_stop(http_server *h, int grace_ms)
 	if ((left = atomic_load(&h->active)) > 0)
 		return left;
 	MHD_stop_daemon(h->daemon);
+	watchdog_stop(h);
 	free(h);
 	return 0;
 }

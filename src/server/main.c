@@ -37,6 +37,12 @@ static void usage(FILE *f)
 	    "  --max-connections N       concurrent connections [IDEM_MAX_CONNECTIONS] (1024)\n"
 	    "  --connection-timeout SEC  idle/slow connection timeout [IDEM_CONNECTION_TIMEOUT] "
 	    "(30)\n"
+	    "  --request-timeout SEC     a request's head and body must be in within SEC of the\n"
+	    "                            connection's opening or previous answer, however slowly\n"
+	    "                            they drip [IDEM_REQUEST_TIMEOUT] (30)\n"
+	    "  --max-connections-per-ip N\n"
+	    "                            concurrent connections from one address, 0 = no cap\n"
+	    "                            [IDEM_MAX_CONNECTIONS_PER_IP] (256)\n"
 	    "  --sqlite-synchronous full|normal\n"
 	    "                            SQLite durability [IDEM_SQLITE_SYNCHRONOUS] (full)\n"
 	    "  --batch-max N             group commit: units per transaction, 1 = off "
@@ -119,6 +125,8 @@ typedef enum {
 	OPT_CACHE_MB,
 	OPT_CACHE_ENTRIES,
 	OPT_SECRET_KEY_FILE,
+	OPT_REQUEST_TIMEOUT,
+	OPT_MAX_CONN_PER_IP,
 } opt_id;
 
 /* --secret-key-file: kept here, read once the store is open. */
@@ -144,6 +152,8 @@ static const struct {
     {OPT_CACHE_MB, "IDEM_CACHE_MB"},
     {OPT_CACHE_ENTRIES, "IDEM_CACHE_ENTRIES"},
     {OPT_SECRET_KEY_FILE, "IDEM_SECRET_KEY_FILE"},
+    {OPT_REQUEST_TIMEOUT, "IDEM_REQUEST_TIMEOUT"},
+    {OPT_MAX_CONN_PER_IP, "IDEM_MAX_CONNECTIONS_PER_IP"},
 };
 
 static int apply(server_config *c, opt_id id, const char *v, const char *from)
@@ -186,6 +196,8 @@ static int apply(server_config *c, opt_id id, const char *v, const char *from)
 		bad = !*v || snprintf(secret_key_file, sizeof(secret_key_file), "%s", v) >=
 		                 (int)sizeof(secret_key_file);
 		break;
+	case OPT_REQUEST_TIMEOUT: bad = parse_int(v, 1, 3600, &c->request_timeout_s); break;
+	case OPT_MAX_CONN_PER_IP: bad = parse_int(v, 0, 100000, &c->max_connections_per_ip); break;
 	}
 	if (bad)
 		fprintf(stderr, "idemd: invalid value '%s' for %s (see --help)\n", v, from);
@@ -211,6 +223,8 @@ static int configure(server_config *c, int argc, char **argv)
 	    {"cache-mb", required_argument, NULL, OPT_CACHE_MB},
 	    {"cache-entries", required_argument, NULL, OPT_CACHE_ENTRIES},
 	    {"secret-key-file", required_argument, NULL, OPT_SECRET_KEY_FILE},
+	    {"request-timeout", required_argument, NULL, OPT_REQUEST_TIMEOUT},
+	    {"max-connections-per-ip", required_argument, NULL, OPT_MAX_CONN_PER_IP},
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
@@ -223,6 +237,8 @@ static int configure(server_config *c, int argc, char **argv)
 	c->log_format = LOG_TEXT;
 	c->max_connections = 1024;
 	c->conn_timeout_s = 30;
+	c->request_timeout_s = 30;
+	c->max_connections_per_ip = 256;
 	c->synchronous_full = 1;
 	/* A locked store must become a 503 within seconds, not minutes: each
 	 * attempt waits up to the busy timeout, and there are 1 + retries. */

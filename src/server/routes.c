@@ -11,30 +11,38 @@
 
 #include "server/server.h"
 
+#define WWW_AUTH_BEARER    "Bearer realm=\"idem\""
+#define WWW_AUTH_SIGNATURE "Signature realm=\"idem\", header=\"X-Signature\""
+
 /* ---- Idempotency-Key ---- */
 
 /*
- * The header is a bare token or a Structured Fields string ("abc", with \\
- * and \" escapes). Either way the key must then be 1..255 bytes of
- * 0x21..0x7E. Returns 0 with the key in out, -1 when malformed.
+ * The header's raw bytes, optional whitespace around them stripped: a bare
+ * token or a Structured Fields string ("abc", with \\ and \" escapes).
+ * Either way the key must then be 1..255 bytes of 0x21..0x7E (a NUL is not
+ * one of them). Returns 0 with the key in out, -1 when malformed.
  */
-static int parse_idem_key(const char *v, char *out, size_t outsz, size_t *len)
+static int parse_idem_key(const char *v, size_t vlen, char *out, size_t outsz, size_t *len)
 {
 	size_t n = 0;
 
-	if (v[0] != '"') {
-		n = strlen(v);
-		if (n >= outsz)
+	head_trim(&v, &vlen);
+	if (vlen == 0 || v[0] != '"') {
+		if (vlen >= outsz)
 			return -1;
-		memcpy(out, v, n + 1);
+		memcpy(out, v, vlen);
+		out[vlen] = '\0';
+		n = vlen;
 	} else {
-		const char *p = v + 1;
+		size_t i = 1;
 
-		for (; *p && *p != '"'; p++) {
-			char c = *p;
+		for (; i < vlen && v[i] != '"'; i++) {
+			char c = v[i];
 
 			if (c == '\\') {
-				c = *++p;
+				if (++i >= vlen)
+					return -1;
+				c = v[i];
 				if (c != '\\' && c != '"')
 					return -1;
 			} else if ((unsigned char)c < 0x20 || (unsigned char)c > 0x7e) {
@@ -44,7 +52,7 @@ static int parse_idem_key(const char *v, char *out, size_t outsz, size_t *len)
 				return -1;
 			out[n++] = c;
 		}
-		if (*p != '"' || p[1] != '\0')
+		if (i != vlen - 1 || v[i] != '"')
 			return -1;
 		out[n] = '\0';
 	}
@@ -65,8 +73,8 @@ static int do_write(server_state *s, http_req *r, route_match *m, http_answer *a
                     const char *path, const char *caller)
 {
 	char *key, *path_buf;
-	size_t key_size, path_size, key_len = 0, body_len = 0;
-	const char *hdr = req_header(r, "Idempotency-Key");
+	size_t key_size, path_size, key_len = 0, body_len = 0, hdr_len = 0;
+	const char *hdr = req_header(r, "Idempotency-Key", &hdr_len);
 	idem_pay_request *rq = req_write(r, &key, &key_size, &path_buf, &path_size);
 
 	(void)m;
@@ -76,7 +84,7 @@ static int do_write(server_state *s, http_req *r, route_match *m, http_answer *a
 		return 0;
 	}
 	memset(rq, 0, sizeof(*rq));
-	rq->key_invalid = hdr && parse_idem_key(hdr, key, key_size, &key_len) < 0;
+	rq->key_invalid = hdr && parse_idem_key(hdr, hdr_len, key, key_size, &key_len) < 0;
 	rq->caller = caller;
 	rq->key = hdr && !rq->key_invalid ? key : NULL;
 	rq->key_len = key_len;
@@ -108,16 +116,19 @@ static int h_transfer(server_state *s, http_req *r, route_match *m, http_answer 
 static int h_notify(server_state *s, http_req *r, route_match *m, http_answer *a)
 {
 	char path[400];
-	const char *sig = req_header(r, "X-Signature");
-	size_t len = 0;
+	size_t len = 0, sig_len = 0;
+	const char *sig = req_header(r, "X-Signature", &sig_len);
 	const char *body = req_body(r, &len);
 	int rc;
 
-	rc = idem_pay_verify_signature(s->pay, m->param, sig, sig ? strlen(sig) : 0, body, len);
+	if (sig)
+		head_trim(&sig, &sig_len);
+	rc = idem_pay_verify_signature(s->pay, m->param, sig, sig_len, body, len);
 	if (rc == IDEM_ENOTFOUND) {
 		answer_problem(a, 401, "invalid_signature",
 		               "X-Signature must be the hex HMAC-SHA256 of the body with the "
 		               "channel's secret");
+		a->www_auth = WWW_AUTH_SIGNATURE;
 		return 0;
 	}
 	if (rc < 0) {
@@ -142,9 +153,14 @@ static int h_get_payment(server_state *s, http_req *r, route_match *m, http_answ
 
 static int h_find_payment(server_state *s, http_req *r, route_match *m, http_answer *a)
 {
-	const char *no = req_query(r, "merchant_order_no");
+	size_t no_len = 0;
+	const char *no = req_query(r, "merchant_order_no", &no_len);
 	idem_result res = {0};
 
+	if (no && memchr(no, '\0', no_len)) {
+		answer_problem(a, 400, "invalid_request", "merchant_order_no holds a NUL byte");
+		return 0;
+	}
 	if (!no) {
 		answer_problem(a, 400, "invalid_request",
 		               "give ?merchant_order_no=… or GET /v1/payments/{id}");
@@ -216,21 +232,23 @@ typedef enum { AUTH_NONE, AUTH_BEARER, AUTH_SIGNATURE } auth_kind;
 typedef struct {
 	const char *method;
 	const char *pattern; /* literal segments; "*" one parameter; "**" the rest */
+	const char *name;    /* the template, as logged */
 	auth_kind auth;
 	int (*handler)(server_state *, http_req *, route_match *, http_answer *);
 } route;
 
 static const route routes[] = {
-    {"POST", "/v1/payments", AUTH_BEARER, h_create_payment},
-    {"GET", "/v1/payments", AUTH_BEARER, h_find_payment},
-    {"GET", "/v1/payments/*", AUTH_BEARER, h_get_payment},
-    {"POST", "/v1/refunds", AUTH_BEARER, h_refund},
-    {"POST", "/v1/transfers", AUTH_BEARER, h_transfer},
-    {"GET", "/v1/balance", AUTH_BEARER, h_balance},
-    {"POST", "/v1/notifications/*", AUTH_SIGNATURE, h_notify},
-    {"GET", "/v1/idempotency-records/*/**", AUTH_BEARER, h_record},
-    {"GET", "/healthz", AUTH_NONE, h_healthz},
-    {"GET", "/metrics", AUTH_NONE, h_metrics},
+    {"POST", "/v1/payments", "/v1/payments", AUTH_BEARER, h_create_payment},
+    {"GET", "/v1/payments", "/v1/payments", AUTH_BEARER, h_find_payment},
+    {"GET", "/v1/payments/*", "/v1/payments/{id}", AUTH_BEARER, h_get_payment},
+    {"POST", "/v1/refunds", "/v1/refunds", AUTH_BEARER, h_refund},
+    {"POST", "/v1/transfers", "/v1/transfers", AUTH_BEARER, h_transfer},
+    {"GET", "/v1/balance", "/v1/balance", AUTH_BEARER, h_balance},
+    {"POST", "/v1/notifications/*", "/v1/notifications/{channel}", AUTH_SIGNATURE, h_notify},
+    {"GET", "/v1/idempotency-records/*/**", "/v1/idempotency-records/{type}/{key}", AUTH_BEARER,
+     h_record},
+    {"GET", "/healthz", "/healthz", AUTH_NONE, h_healthz},
+    {"GET", "/metrics", "/metrics", AUTH_NONE, h_metrics},
 };
 
 #define NROUTES (sizeof(routes) / sizeof(routes[0]))
@@ -283,14 +301,18 @@ int route_prepare(server_state *s, http_req *r, const char *method, const char *
 
 	memset(m, 0, sizeof(*m));
 	a->outcome = "-";
+	if (strcmp(method, "HEAD") == 0) /* GET without the body (libmicrohttpd drops it) */
+		method = "GET";
 	for (size_t i = 0; i < NROUTES; i++) {
 		route_match tmp;
 
 		if (!match(routes[i].pattern, path, &tmp))
 			continue;
+		m->route = routes[i].name;
 		if (strcmp(routes[i].method, method) == 0) {
 			found = &routes[i];
 			*m = tmp;
+			m->route = routes[i].name;
 			break;
 		}
 		has_get |= strcmp(routes[i].method, "GET") == 0;
@@ -298,7 +320,7 @@ int route_prepare(server_state *s, http_req *r, const char *method, const char *
 	}
 	if (!found && (has_get || has_post)) {
 		answer_problem(a, 405, "method_not_allowed", "this path does not take that method");
-		a->allow = has_get && has_post ? "GET, POST" : has_get ? "GET" : "POST";
+		a->allow = has_get && has_post ? "GET, HEAD, POST" : has_get ? "GET, HEAD" : "POST";
 		return -1;
 	}
 	if (!found) {
@@ -307,20 +329,26 @@ int route_prepare(server_state *s, http_req *r, const char *method, const char *
 	}
 	m->handler = found->handler;
 	if (found->auth == AUTH_BEARER) {
-		const char *auth = req_header(r, "Authorization");
+		size_t len = 0;
+		const char *auth = req_header(r, "Authorization", &len);
 		int rc;
 
-		if (!auth || strncasecmp(auth, "Bearer ", 7) != 0) {
+		if (auth)
+			head_trim(&auth, &len);
+		if (!auth || len < 7 || strncasecmp(auth, "Bearer ", 7) != 0) {
 			answer_problem(a, 401, "unauthorized",
 			               "send Authorization: Bearer <api key>");
+			a->www_auth = WWW_AUTH_BEARER;
 			return -1;
 		}
 		auth += 7;
-		while (*auth == ' ')
-			auth++;
-		rc = idem_pay_authenticate(s->pay, auth, strlen(auth), m->merchant);
+		len -= 7;
+		head_trim(&auth, &len);
+		/* every byte counts: a NUL and what follows it are part of the key */
+		rc = idem_pay_authenticate(s->pay, auth, len, m->merchant);
 		if (rc == IDEM_ENOTFOUND) {
 			answer_problem(a, 401, "unauthorized", "the API key is not valid");
+			a->www_auth = WWW_AUTH_BEARER;
 			return -1;
 		}
 		if (rc < 0) {
@@ -329,9 +357,10 @@ int route_prepare(server_state *s, http_req *r, const char *method, const char *
 			answer_result(a, rc, &res);
 			return -1;
 		}
-	} else if (found->auth == AUTH_SIGNATURE && !req_header(r, "X-Signature")) {
+	} else if (found->auth == AUTH_SIGNATURE && !req_header(r, "X-Signature", NULL)) {
 		/* The signature itself is checked once the body is in. */
 		answer_problem(a, 401, "invalid_signature", "X-Signature is required");
+		a->www_auth = WWW_AUTH_SIGNATURE;
 		return -1;
 	}
 	return 0;
@@ -339,13 +368,17 @@ int route_prepare(server_state *s, http_req *r, const char *method, const char *
 
 int route_check_media(http_req *r, const char *method, http_answer *a)
 {
-	const char *ct = req_header(r, "Content-Type");
+	size_t len = 0;
+	const char *ct = req_header(r, "Content-Type", &len);
 
 	if (strcmp(method, "POST") != 0 || !ct)
 		return 0;
+	if (memchr(ct, '\0', len)) /* head.c refuses NUL here already; be sure */
+		goto bad;
 	if (strncasecmp(ct, "application/json", 16) == 0 &&
 	    (ct[16] == '\0' || ct[16] == ';' || ct[16] == ' '))
 		return 0;
+bad:
 	answer_problem(a, 415, "unsupported_media_type", "send the body as application/json");
 	return -1;
 }

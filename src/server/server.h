@@ -13,6 +13,8 @@
 #include "idem/idem.h"
 
 #define SERVER_BODY_MAX (1024 * 1024)
+/* An oversized body up to this size is read and dropped before the 413. */
+#define SERVER_DRAIN_MAX (8 * 1024 * 1024)
 
 typedef enum { LOG_TEXT, LOG_JSON } log_format;
 
@@ -25,6 +27,8 @@ typedef struct {
 	int mock_channel_delay_ms;
 	int max_connections;
 	int conn_timeout_s;
+	int request_timeout_s;      /* head + body of one request, from its start */
+	int max_connections_per_ip; /* 0: no cap */
 	int synchronous_full;
 	int busy_timeout_ms;
 	int max_retries;
@@ -40,7 +44,8 @@ typedef struct {
 void log_init(log_format fmt);
 /* level: "info", "warn", "error". A message, never a secret. */
 void log_msg(const char *level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void log_request(const char *request_id, const char *method, const char *path, int status,
+/* route: the route template (/v1/payments/{id}), or "-" when none matched. */
+void log_request(const char *request_id, const char *method, const char *route, int status,
                  const char *outcome, double duration_ms);
 
 /* ---- metrics (metrics.c) ---- */
@@ -51,7 +56,7 @@ double metrics_duplicate_ratio(uint64_t *claims_out);
 /* Render everything in Prometheus text format; malloc'd into *out. */
 int metrics_render(char **out, size_t *len, idem_store *store);
 
-/* ---- HTTP (http.c, routes.c) ---- */
+/* ---- HTTP (http.c, head.c, routes.c) ---- */
 
 /* What a handler answers. body is malloc'd (or NULL) and owned by the response. */
 typedef struct {
@@ -64,6 +69,8 @@ typedef struct {
 	const char *allow;        /* Allow header for 405 */
 	const char *outcome;      /* for the log line: "first", "replay", ... or "-" */
 	int pending;              /* the answer comes later through http_write_done */
+	int close;                /* Connection: close (the framing is not to be trusted) */
+	const char *www_auth;     /* WWW-Authenticate header for 401 */
 } http_answer;
 
 /* One request as handlers see it. Borrowed for the call. */
@@ -77,8 +84,10 @@ typedef struct http_req http_req;
 idem_pay_request *req_write(http_req *r, char **key_buf, size_t *key_size, char **path_buf,
                             size_t *path_size);
 void http_write_done(void *req, int rc, idem_result *res);
-const char *req_header(http_req *r, const char *name);
-const char *req_query(http_req *r, const char *name);
+/* A header's raw bytes (*len of them; they may hold NUL), NULL when absent. */
+const char *req_header(http_req *r, const char *name, size_t *len);
+/* A decoded query value and its length, NULL when absent. */
+const char *req_query(http_req *r, const char *name, size_t *len);
 int req_header_count(http_req *r, const char *name);
 const char *req_body(http_req *r, size_t *len);
 
@@ -101,6 +110,7 @@ void answer_result(http_answer *a, int rc, idem_result *res);
 typedef struct route_match route_match;
 struct route_match {
 	int (*handler)(server_state *s, http_req *r, route_match *m, http_answer *a);
+	const char *route;               /* the template matched, for the log; NULL: none */
 	char merchant[IDEM_PAY_ID_SIZE]; /* authenticated merchant */
 	char param[320];                 /* path parameter ({id}, {channel}, {type}) */
 	char param2[320];                /* second path parameter ({key}) */
@@ -113,6 +123,36 @@ int route_prepare(server_state *s, http_req *r, const char *method, const char *
 
 /* 415 unless a POST's Content-Type, when given, is application/json. */
 int route_check_media(http_req *r, const char *method, http_answer *a);
+
+/*
+ * The request head as bytes (head.c): every header field with the raw
+ * length of its value, checked for the framing RFC 9112 requires (one Host
+ * on HTTP/1.1, one Content-Length, no Content-Length with
+ * Transfer-Encoding, chunked as the only transfer coding, token field
+ * names, no control bytes in values). Control bytes, NUL included, are
+ * left in the values of Authorization, Idempotency-Key and X-Signature,
+ * whose consumers refuse them with their own problem (401, 400
+ * invalid_idempotency_key); in any other value they are a 400.
+ */
+struct MHD_Connection;
+typedef struct {
+	const char *name;
+	size_t name_len;
+	const char *value; /* len raw bytes */
+	size_t len;
+	int nul; /* bytes after a NUL are part of the value */
+} head_field;
+typedef struct {
+	head_field *f;
+	size_t n;
+} req_head;
+/* 0: h is filled in; -1: a has the problem (a->close set). */
+int head_parse(req_head *h, struct MHD_Connection *conn, const char *method, const char *url,
+               const char *version, size_t raw_uri_len, http_answer *a);
+/* The first field called name (case-insensitive), *len its raw length, *count how many. */
+const char *head_get(const req_head *h, const char *name, size_t *len, int *count);
+void head_trim(const char **v, size_t *len);
+void head_free(req_head *h);
 
 /* Start and stop the HTTP daemon. */
 typedef struct http_server http_server;
