@@ -6,9 +6,10 @@
  *
  *   METHOD SP PATH[?QUERY] LF (Name: value LF)* LF body
  *
- * Header values may carry NUL bytes: the routes see them as libmicrohttpd
- * hands them over, a C string. Query values are percent-decoded by
- * libmicrohttpd's own MHD_http_unescape. @KEY@, @MERCHANT@, @PAY@, @CH@ are
+ * Header values may carry NUL bytes: the routes see their raw bytes and
+ * length, as idemd's header iteration hands them over. Query values are
+ * percent-decoded by libmicrohttpd's own MHD_http_unescape (%00 gives a NUL
+ * inside the value). @KEY@, @MERCHANT@, @PAY@, @CH@ are
  * replaced by this run's values, "X-Signature: @SIG@" by the body's right
  * signature. Checks: authentication passes only with the real key (or the
  * real signature), answers are 2xx..5xx, a 2xx write retried replays.
@@ -23,8 +24,9 @@
 #include "fuzz_env.h"
 #include "server_glue.h"
 
-/* Next line of [*p, end): NUL-terminated in place (the LF replaced). */
-static char *next_line(char **p, char *end)
+/* Next line of [*p, end): NUL-terminated in place (the LF replaced), its
+ * length (NULs included) in *n. */
+static char *next_line(char **p, char *end, size_t *n)
 {
 	char *s = *p, *lf;
 
@@ -34,6 +36,7 @@ static char *next_line(char **p, char *end)
 	if (!lf)
 		lf = end;
 	*lf = '\0';
+	*n = (size_t)(lf - s);
 	*p = lf + 1;
 	return s;
 }
@@ -72,11 +75,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	http_req *r = calloc(1, sizeof(*r));
 	http_answer a = {0}, b = {0};
 	const char *auth;
+	size_t alen = 0, n;
 	int authed, again;
 
 	if (!r)
 		fuzz_fail("out of memory");
-	if (!(line = next_line(&p, end)) || !(sp = strchr(line, ' ')))
+	if (!(line = next_line(&p, end, &n)) || !(sp = strchr(line, ' ')))
 		goto done;
 	*sp = '\0';
 	method = line;
@@ -85,56 +89,70 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		*q++ = '\0';
 		while (q && *q && r->nquery < GLUE_MAX_FIELDS) {
 			char *amp = strchr(q, '&'), *eq;
+			size_t vlen = 0;
 
 			if (amp)
 				*amp++ = '\0';
 			if ((eq = strchr(q, '='))) {
 				*eq++ = '\0';
-				MHD_http_unescape(eq);
+				vlen = MHD_http_unescape(eq);
 			} else {
 				eq = "";
 			}
 			MHD_http_unescape(q);
-			r->query[r->nquery++] = (glue_field){q, eq};
+			r->query[r->nquery++] = (glue_field){q, eq, vlen};
 			q = amp;
 		}
 	}
-	while ((line = next_line(&p, end)) && *line && r->nheaders < GLUE_MAX_FIELDS) {
-		char *colon = strchr(line, ':');
+	while ((line = next_line(&p, end, &n)) && n && r->nheaders < GLUE_MAX_FIELDS) {
+		char *colon = memchr(line, ':', n);
 
 		if (!colon)
 			continue;
 		*colon++ = '\0';
-		while (*colon == ' ')
-			colon++;
-		r->headers[r->nheaders++] = (glue_field){line, colon};
+		r->headers[r->nheaders++] = (glue_field){line, colon, (size_t)(line + n - colon)};
 	}
 	r->body = p < end ? p : "";
 	r->body_len = p < end ? (size_t)(end - p) : 0;
 	sign(e, r->body, r->body_len, sig);
 	for (int i = 0; i < r->nheaders; i++)
-		if (strcasecmp(r->headers[i].name, "X-Signature") == 0 &&
-		    strcmp(r->headers[i].value, "@SIG@") == 0)
+		if (strcasecmp(r->headers[i].name, "X-Signature") == 0 && r->headers[i].len == 5 &&
+		    memcmp(r->headers[i].value, "@SIG@", 5) == 0) {
 			r->headers[i].value = sig;
+			r->headers[i].len = 64;
+		}
 
 	run(&s, r, method, path, &a, &authed);
-	auth = req_header(r, "Authorization");
-	/* Every /v1/ route but the callbacks takes the merchant's key. */
+	auth = req_header(r, "Authorization", &alen);
+	/* Every /v1/ route but the callbacks takes the merchant's key: exactly
+	 * its bytes (optional whitespace around them aside), a NUL and what
+	 * follows it included. */
 	if (authed && strncmp(path, "/v1/", 4) == 0 &&
 	    strncmp(path, "/v1/notifications/", 18) != 0) {
-		if (!auth || strncasecmp(auth, "Bearer ", 7) != 0)
+		while (auth && alen && (*auth == ' ' || *auth == '\t'))
+			auth++, alen--;
+		if (!auth || alen < 7 || strncasecmp(auth, "Bearer ", 7) != 0)
 			fuzz_fail("bearer route ran without Authorization: Bearer");
 		auth += 7;
-		while (*auth == ' ')
-			auth++;
-		if (strcmp(auth, e->api_key) != 0)
+		alen -= 7;
+		while (alen && (*auth == ' ' || *auth == '\t'))
+			auth++, alen--;
+		while (alen && (auth[alen - 1] == ' ' || auth[alen - 1] == '\t'))
+			alen--;
+		if (alen != strlen(e->api_key) || memcmp(auth, e->api_key, alen) != 0)
 			fuzz_fail("authenticated with a key that is not the merchant's");
 	}
 	if (strcmp(method, "POST") == 0 && strncmp(path, "/v1/notifications/", 18) == 0 &&
 	    a.status >= 200 && a.status < 300) {
-		const char *hs = req_header(r, "X-Signature");
+		size_t hlen = 0;
+		const char *hs = req_header(r, "X-Signature", &hlen);
 
-		if (strcmp(path + 18, e->channel) != 0 || !hs || strcasecmp(hs, sig) != 0)
+		while (hs && hlen && (*hs == ' ' || *hs == '\t'))
+			hs++, hlen--;
+		while (hs && hlen && (hs[hlen - 1] == ' ' || hs[hlen - 1] == '\t'))
+			hlen--;
+		if (strcmp(path + 18, e->channel) != 0 || !hs || hlen != 64 ||
+		    strncasecmp(hs, sig, 64) != 0)
 			fuzz_fail("callback accepted without the channel's signature");
 	}
 	if (strcmp(method, "POST") == 0 && a.status >= 200 && a.status < 300) {

@@ -12,30 +12,32 @@
 #include "server/routes.c"
 #include "server_glue.h"
 
-int glue_parse_idem_key(const char *v, char *out, size_t outsz, size_t *len)
+int glue_parse_idem_key(const char *v, size_t vlen, char *out, size_t outsz, size_t *len)
 {
-	return parse_idem_key(v, out, outsz, len);
+	return parse_idem_key(v, vlen, out, outsz, len);
 }
 
-static const char *lookup(const glue_field *f, int n, const char *name)
+static const char *found(const glue_field *f, size_t *len)
 {
-	for (int i = 0; i < n; i++)
-		if (strcasecmp(f[i].name, name) == 0)
-			return f[i].value;
+	if (len)
+		*len = f->len;
+	return f->value;
+}
+
+const char *req_header(http_req *r, const char *name, size_t *len)
+{
+	for (int i = 0; i < r->nheaders; i++)
+		if (strcasecmp(r->headers[i].name, name) == 0)
+			return found(&r->headers[i], len);
 	return NULL;
 }
 
-const char *req_header(http_req *r, const char *name)
-{
-	return lookup(r->headers, r->nheaders, name);
-}
-
-const char *req_query(http_req *r, const char *name)
+const char *req_query(http_req *r, const char *name, size_t *len)
 {
 	/* GET arguments are case-sensitive in libmicrohttpd. */
 	for (int i = 0; i < r->nquery; i++)
 		if (strcmp(r->query[i].name, name) == 0)
-			return r->query[i].value;
+			return found(&r->query[i], len);
 	return NULL;
 }
 

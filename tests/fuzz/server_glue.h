@@ -16,7 +16,8 @@
 
 typedef struct {
 	const char *name;
-	const char *value; /* as libmicrohttpd hands it over: a C string */
+	const char *value; /* its bytes; may hold NUL */
+	size_t len;        /* of value */
 } glue_field;
 
 struct http_req {
@@ -37,7 +38,7 @@ struct http_req {
 };
 
 /* The Idempotency-Key parser of routes.c (static there). */
-int glue_parse_idem_key(const char *v, char *out, size_t outsz, size_t *len);
+int glue_parse_idem_key(const char *v, size_t vlen, char *out, size_t outsz, size_t *len);
 
 /*
  * Route r as on_request does: route_prepare, route_check_media, the handler,
