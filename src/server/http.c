@@ -607,7 +607,9 @@ static int parse_listen(const char *spec, struct sockaddr_storage *ss, char *err
 		memcpy(host, spec, (size_t)(colon - spec));
 		snprintf(port, sizeof(port), "%s", colon + 1);
 	}
-	if (!port[0] || strspn(port, "0123456789") != strlen(port) || atol(port) > 65535)
+	/* At most 5 digits, so strtoul cannot overflow; no atol (STYLE.md). */
+	if (!port[0] || strlen(port) > 5 || strspn(port, "0123456789") != strlen(port) ||
+	    strtoul(port, NULL, 10) > 65535)
 		goto bad;
 	hints.ai_socktype = SOCK_STREAM;
 	hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
