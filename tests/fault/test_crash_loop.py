@@ -37,6 +37,7 @@ one; without the binaries SKIPPED (exit 77), a failure when CI is set.
 """
 
 import contextlib
+import http.client
 import os
 import random
 import signal
@@ -96,6 +97,9 @@ class CrashLoop(unittest.TestCase):
         cls.srv = None
         cls.private = None
         cls.db = None
+        cls.servers = []
+        import tempfile
+        cls.tmpdir = tempfile.mkdtemp(prefix="idem-crash-srv-")
         cls.tmp = None
         if BACKEND == "sqlite":
             import tempfile
@@ -113,6 +117,11 @@ class CrashLoop(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
+        import shutil
+        for s in cls.servers:
+            s.cleanup()
+        if not os.environ.get("IDEM_TEST_KEEP"):
+            shutil.rmtree(cls.tmpdir, ignore_errors=True)
         if cls.db is not None and cls.private is None:
             cls.db.drop()
         if cls.private is not None:
@@ -128,6 +137,7 @@ class CrashLoop(unittest.TestCase):
     def start(self):
         args = ["--threads", "8", "--batch-max", str(self.rng.choice((1, 16, 64)))]
         s = harness.Server(args, db_url=self.db_url, tmpdir=self.tmpdir)
+        self.servers.append(s)  # killed in tearDownClass whatever happens
         s.start()
         return s
 
@@ -169,7 +179,8 @@ class CrashLoop(unittest.TestCase):
                     out.append(req)
                 try:
                     r = self.send(server, req, timeout=60)
-                except OSError:
+                except (OSError, http.client.HTTPException, AttributeError):
+                    # AttributeError: http.client when the socket dies mid-read
                     if TARGET == "db":
                         raise       # idemd must keep answering
                     return          # killed: req stays in doubt
@@ -322,8 +333,6 @@ class CrashLoop(unittest.TestCase):
     # -- the test -------------------------------------------------------------
 
     def test_crash_loop(self):
-        import tempfile
-        self.tmpdir = tempfile.mkdtemp(prefix="idem-crash-srv-")
         self.all = []
         self.stats = {"acked": 0, "doubt": 0, "doubt_committed": 0, "kills": 0}
         setup = self.start()
@@ -355,9 +364,6 @@ class CrashLoop(unittest.TestCase):
             self.check_totals(final, ROUNDS)
         finally:
             final.stop_checked()
-        import shutil
-        if not os.environ.get("IDEM_TEST_KEEP"):
-            shutil.rmtree(self.tmpdir, ignore_errors=True)
         st = self.stats
         case = ("crash loop (kill -9 idemd)" if TARGET == "idemd"
                 else "database crash / SIGSTOP mid-load")

@@ -39,7 +39,8 @@ import dbserver  # noqa: E402
 from dbserver import harness  # noqa: E402
 from harness import uid  # noqa: E402
 
-ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else int(os.environ.get("IDEM_IOFAULT_ROUNDS", "16"))
+ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else \
+    int(os.environ.get("IDEM_IOFAULT_ROUNDS", "16"))
 del sys.argv[1:]
 SEED = int(os.environ.get("IDEM_IOFAULT_SEED", str(random.SystemRandom().randrange(1 << 30))))
 SHIM = os.environ.get("IDEM_IOFAULT_SHIM")
@@ -69,10 +70,13 @@ class IoFault(unittest.TestCase):
         cls.db_url = "sqlite:" + os.path.join(cls.dbdir, "idem.db")
         cls.ctl = os.path.join(cls.tmp, "ctl")
         cls.counter = os.path.join(cls.tmp, "count")
+        cls.servers = []
         cls.set_fault(None)
 
     @classmethod
     def tearDownClass(cls):
+        for s in getattr(cls, "servers", []):
+            s.cleanup()  # no idemd outlives a failed round
         if not os.environ.get("IDEM_TEST_KEEP"):
             import shutil
             shutil.rmtree(cls.tmp, ignore_errors=True)
@@ -103,6 +107,7 @@ class IoFault(unittest.TestCase):
             s = harness.Server(["--threads", "8", "--batch-max",
                                 str(self.rng.choice((1, 64)))],
                                db_url=self.db_url, tmpdir=self.srvdir)
+            self.servers.append(s)
             s.start()
         finally:
             for k, v in saved.items():
