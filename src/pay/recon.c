@@ -387,7 +387,11 @@ static void recon_done(void *ctx, int rc, idem_result *res)
 	pthread_mutex_unlock(&j->lock);
 }
 
-static void fingerprint(slot *s)
+/*
+ * The row's fingerprint. A hashing failure is an error of the import, never
+ * an all-zero fingerprint that every retry of any row would match.
+ */
+static int fingerprint(slot *s)
 {
 	unsigned char md[32];
 	unsigned int n = 0;
@@ -395,17 +399,18 @@ static void fingerprint(slot *s)
 	EVP_MD_CTX *c = EVP_MD_CTX_new();
 	const char *parts[7] = {s->txn, s->merchant, s->order, amount,
 	                        s->currency, s->status, s->paid_at};
+	int ok;
 
 	snprintf(amount, sizeof(amount), "%lld", (long long)s->amount);
-	memset(md, 0, sizeof(md));
-	if (c && EVP_DigestInit_ex(c, EVP_sha256(), NULL)) {
-		EVP_DigestUpdate(c, "recon", 6);
-		for (int i = 0; i < 7; i++)
-			EVP_DigestUpdate(c, parts[i], strlen(parts[i]) + 1); /* with the NUL */
-		EVP_DigestFinal_ex(c, md, &n);
-	}
+	ok = c && EVP_DigestInit_ex(c, EVP_sha256(), NULL) && EVP_DigestUpdate(c, "recon", 6);
+	for (int i = 0; ok && i < 7; i++)
+		ok = EVP_DigestUpdate(c, parts[i], strlen(parts[i]) + 1); /* with the NUL */
+	ok = ok && EVP_DigestFinal_ex(c, md, &n) && n == sizeof(md);
 	EVP_MD_CTX_free(c);
+	if (!ok)
+		return idem__error(IDEM_ENOMEM, "recon: SHA-256 of a row failed");
 	idem__hex(s->fp, md, sizeof(md));
+	return 0;
 }
 
 static void copy_field(char *out, size_t size, const job *j, int col)
@@ -419,6 +424,7 @@ static void copy_field(char *out, size_t size, const job *j, int col)
 static void dispatch(job *j, int64_t line, int64_t amount)
 {
 	slot *s;
+	int rc;
 
 	pthread_mutex_lock(&j->lock);
 	while (j->nfree == 0 && !j->err)
@@ -441,7 +447,17 @@ static void dispatch(job *j, int64_t line, int64_t amount)
 	copy_field(s->paid_at, sizeof(s->paid_at), j, C_PAID_AT);
 	s->amount = amount;
 	s->result = R_NONE;
-	fingerprint(s);
+	if ((rc = fingerprint(s)) < 0) {
+		pthread_mutex_lock(&j->lock);
+		if (!j->err) {
+			j->err = rc;
+			j->err_detail = *idem_error_last();
+		}
+		j->stop = 1;
+		release_slot(j, s);
+		pthread_mutex_unlock(&j->lock);
+		return;
+	}
 	s->req = (idem_request)IDEM_REQUEST_INIT;
 	s->req.scope = j->channel;
 	s->req.business_type = "recon";
