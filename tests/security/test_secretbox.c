@@ -134,7 +134,14 @@ static void test_key_file_rules(void **state)
 	assert_non_null(strstr(idem_error_last()->message, "chmod 600"));
 	/* Wrong sizes and digits. */
 	assert_int_equal(idem__secretbox_read_key(key_file(tmp, key, 31, 0600), k), IDEM_EINVAL);
-	assert_int_equal(idem__secretbox_read_key(key_file(tmp, key, 33, 0600), k), IDEM_EINVAL);
+	{
+		unsigned char longer[33];
+
+		memcpy(longer, key, 32);
+		longer[32] = 'x';
+		assert_int_equal(idem__secretbox_read_key(key_file(tmp, longer, 33, 0600), k),
+		                 IDEM_EINVAL);
+	}
 	assert_int_equal(idem__secretbox_read_key(key_file(tmp, hex, 63, 0600), k), IDEM_EINVAL);
 	hex[3] = 'g';
 	assert_int_equal(idem__secretbox_read_key(key_file(tmp, hex, 64, 0600), k), IDEM_EINVAL);
