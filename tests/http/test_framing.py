@@ -145,6 +145,16 @@ class Framing(harness.TestCase):
         self.assertEqual(st, 201, again)
         self.assertEqual(again, first)
         self.assertRawProblem(self.raw_post(key=k1 + b"x"), 400, "invalid_idempotency_key")
+        # the same key as an sf-string, and its record
+        st, head, again, _ = self.raw_post(key=b'"' + k1 + b'"', body=b1)
+        self.assertEqual(st, 201, again)
+        self.assertEqual(again, first)
+        self.assertIn(b"idempotent-replayed: true", head.lower())
+        rec = self.m.record("payment", k1.decode())
+        self.assertStatus(rec, 200)
+        self.assertEqual(rec.json()["key"], k1.decode())
+        self.assertRawProblem(self.raw_post(key=b'"' + k1 + b'x"'), 400,
+                              "invalid_idempotency_key")
 
     # -- Authorization
     def test_nul_in_bearer_key_is_unauthorized(self):
