@@ -998,7 +998,7 @@ static int pg_rec_insert(idem_txn *txn, const idem__key *k, idem__record *rec)
 /* One batch through the expires_at index; a live lease is never purged. */
 static int pg_purge_batch(idem__backend *be, int64_t now, int batch, int64_t *deleted)
 {
-	const char *sql = idem__pg_purge_sql;
+	const char *sql = idem__purge_sql;
 	idem_value p[3] = {IDEM_V_INT(now), IDEM_V_INT(now), IDEM_V_INT(batch)};
 	idem_txn *txn = NULL;
 	int rc;

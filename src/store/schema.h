@@ -19,9 +19,10 @@ extern const char *const idem__pg_migrations[];
  * implicitly, so each is applied and rerunnable on its own). */
 extern const char *const *const idem__my_migrations[];
 
-/* Delete one batch of expired records: parameters now, now, batch size. */
-extern const char idem__sqlite_purge_sql[];
-extern const char idem__pg_purge_sql[];
+/* Delete one batch of expired records: parameters now, now, batch size.
+ * SQLite and PostgreSQL run the same text (schema_sqlite.c); MariaDB takes no
+ * LIMIT in an IN subquery and has its own. */
+extern const char idem__purge_sql[];
 extern const char idem__my_purge_sql[];
 
 #endif

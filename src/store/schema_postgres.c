@@ -152,8 +152,4 @@ _Static_assert(sizeof(idem__pg_migrations) / sizeof(idem__pg_migrations[0]) ==
                    IDEM__PG_SCHEMA_LATEST,
                "schema_postgres.c: bump IDEM__PG_SCHEMA_LATEST with each migration");
 
-/* One batch through the expires_at index; a live lease is never purged. */
-const char idem__pg_purge_sql[] =
-    "DELETE FROM idem_records WHERE id IN (SELECT id FROM idem_records"
-    " WHERE expires_at <= ? AND (status <> 'PROCESSING' OR lease_until <= ?)"
-    " ORDER BY expires_at LIMIT ?)";
+/* Purge: the standard statement, idem__purge_sql (schema_sqlite.c). */

@@ -153,8 +153,9 @@ _Static_assert(sizeof(idem__sqlite_migrations) / sizeof(idem__sqlite_migrations[
                    IDEM__SQLITE_SCHEMA_LATEST,
                "schema_sqlite.c: bump IDEM__SQLITE_SCHEMA_LATEST with each migration");
 
-/* One batch through the expires_at index; a live lease is never purged. */
-const char idem__sqlite_purge_sql[] =
+/* One batch through the expires_at index; a live lease is never purged.
+ * Standard SQL: PostgreSQL runs it too. */
+const char idem__purge_sql[] =
     "DELETE FROM idem_records WHERE id IN (SELECT id FROM idem_records"
     " WHERE expires_at <= ? AND (status <> 'PROCESSING' OR lease_until <= ?)"
     " ORDER BY expires_at LIMIT ?)";
