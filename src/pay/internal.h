@@ -12,6 +12,9 @@
 #include "idem/idem.h"
 
 typedef struct pay__authcache pay__authcache;
+typedef struct pay__chanstate pay__chanstate; /* pay/chanclient.c */
+typedef struct pay__pool pay__pool;           /* pay/chanpool.c */
+typedef struct pay__sweeper pay__sweeper;     /* pay/sweeper.c */
 
 struct idem_pay {
 	idem_store *store;
@@ -24,7 +27,20 @@ struct idem_pay {
 	char channels[64][IDEM_PAY_CHANNEL_MAX + 1];
 	int has_secret_key;             /* channel secrets are sealed at rest */
 	unsigned char secret_key[32];   /* AES-256-GCM key (util/secretbox.h) */
+	pay__chanstate *chans;          /* connected channels: config cache, counters */
+	pthread_mutex_t pool_lock;
+	pay__pool *pool;                /* channel workers, started at the first call */
+	pay__sweeper *sweeper;          /* NULL unless idem_pay_sweeper_start */
+	char public_url[512];           /* opts.public_url, copied ("" when none) */
 };
+
+/* ---- connected channels (pay/channel.h has the rest) ---- */
+pay__chanstate *pay__chanstate_new(void);
+void pay__chanstate_free(pay__chanstate *s);
+/* The pool, started on first use; NULL after an error (set). */
+pay__pool *pay__pool_get(idem_pay *pay);
+/* Stop the sweeper thread, if one runs (sweeper.c). */
+void pay__sweeper_stop(idem_pay *pay);
 
 /* Room for a channel secret as stored: plain, or sealed (util/secretbox.h). */
 #define PAY__STORED_SECRET_SIZE 256
@@ -154,6 +170,11 @@ pay__op *pay__op_new(idem_pay *pay, const idem_pay_request *rq, idem_done_fn don
 
 /* Answer with op->res (validation) or error rc, and free op. */
 void pay__finish(pay__op *op, int rc);
+/* Answer with a claim's result (duplicates get their problem bodies), free op. */
+void pay__op_done(pay__op *op, int rc, idem_result *res);
+/* Fill op->req for (caller, type, key or natural) as pay__start does. */
+void pay__op_request(pay__op *op, const char *type, const char *natural, int64_t ttl_ms,
+                     int backstop);
 
 /*
  * Claim (caller, business_type, key) and run work, where key is the

@@ -26,7 +26,7 @@ static int notify_work(idem_txn *txn, void *vctx, idem_response *resp)
 	int success = strcmp(status, "SUCCESS") == 0;
 	int64_t now = pay__now(c->pay), changed = 0;
 	pay__payment p = {0};
-	int rc;
+	int rc, open_ = 0;
 
 	if ((rc = pay__payment_load(c->pay, txn, &p, NULL, pay__str(d, "payment_id"))) < 0)
 		goto done;
@@ -40,7 +40,10 @@ static int notify_work(idem_txn *txn, void *vctx, idem_response *resp)
 		                  "the notified amount differs from the payment's");
 		goto done;
 	}
-	if (success && strcmp(p.status, "processing") == 0) {
+	/* 'creating': the create call has not returned yet (a channel may notify
+	 * before it answers); the notification decides all the same. */
+	open_ = strcmp(p.status, "processing") == 0 || strcmp(p.status, "creating") == 0;
+	if (success && open_) {
 		/* A credit to come: take the merchant's lock first (the order refunds
 		 * use too) and refuse one that would overflow before writing anything. */
 		int fits = 0;
@@ -83,7 +86,7 @@ static int notify_work(idem_txn *txn, void *vctx, idem_response *resp)
 		rc = idem_txn_exec(
 		    txn,
 		    "UPDATE payments SET status = ?, channel_txn_id = ?, updated_at = ?"
-		    " WHERE id = ? AND status = 'processing'",
+		    " WHERE id = ? AND status IN ('creating', 'processing')",
 		    v, 4, &changed);
 	}
 	if (rc < 0)
@@ -92,7 +95,7 @@ static int notify_work(idem_txn *txn, void *vctx, idem_response *resp)
 	if (changed == 1 && success) {
 		/* Locked above unless the payment was final when read (it is not now):
 		 * taking the lock again is harmless. */
-		if ((strcmp(p.status, "processing") != 0 &&
+		if ((!open_ &&
 		     (rc = pay__lock_merchant(txn, p.merchant_id, now)) < 0) ||
 		    (rc = pay__post(txn, p.merchant_id, p.currency, p.amount, "payment", p.id,
 		                    now)) < 0)
@@ -141,8 +144,10 @@ void idem_pay_notify_async(idem_pay *pay, const idem_pay_request *rq, idem_done_
 		                 "'channel_txn_id' must be 1..64 of A-Z a-z 0-9 _ - .");
 	else if (idem_natural_key_validate(payment_id, strlen(payment_id)) < 0)
 		rc = pay__reject(out, 400, "invalid_request", "'payment_id' is malformed");
-	else if (strcmp(status, "SUCCESS") != 0 && strcmp(status, "FAILED") != 0)
-		rc = pay__reject(out, 400, "invalid_request", "'status' must be SUCCESS or FAILED");
+	else if (strcmp(status, "SUCCESS") != 0 && strcmp(status, "FAILED") != 0 &&
+	         strcmp(status, "CLOSED") != 0)
+		rc = pay__reject(out, 400, "invalid_request",
+		                 "'status' must be SUCCESS, FAILED or CLOSED");
 	else if (!pay__valid_amount(pay__int(c->doc, "amount")))
 		rc = pay__reject(out, 400, "invalid_request",
 		                 "'amount' must be an integer from 1 to 10^15 minor units");

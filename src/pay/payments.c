@@ -5,9 +5,11 @@
  * answer slowly, it runs in two phases (claim committed, channel called,
  * payment written with the completion) so duplicates meanwhile see 409.
  */
+#include <openssl/crypto.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "pay/channel.h"
 #include "pay/payment.h"
 #include "util/clock.h"
 #include "util/error.h"
@@ -117,7 +119,7 @@ json_t *pay__payment_object(const pay__payment *p)
 }
 
 /* The answer for an existing resource: 200 of it, or 409 with its id. */
-static int backstop(idem_response *resp, json_t *existing, const char *existing_id,
+int pay__backstop(idem_response *resp, json_t *existing, const char *existing_id,
                     const char *existing_fp, const char *fp, const char *what)
 {
 	char detail[160], *body = NULL;
@@ -197,7 +199,7 @@ static int create_payment_work(idem_txn *txn, void *vctx, idem_response *resp)
 			rc = idem__error(IDEM_ENOMEM, "out of memory");
 			goto done;
 		}
-		rc = backstop(resp, obj, p.id, p.fingerprint, c->fp, "payment");
+		rc = pay__backstop(resp, obj, p.id, p.fingerprint, c->fp, "payment");
 		goto done;
 	}
 	if (rc < 0)
@@ -279,6 +281,22 @@ void idem_pay_create_payment_async(idem_pay *pay, const idem_pay_request *rq, id
 		rc = pay__reject(out, 400, "invalid_request",
 		                 "'description' must be at most 255 bytes");
 	else if ((rc = pay__fingerprint(c->fp, rq, c->doc)) == 0) {
+		pay__chan ch;
+		int found = 0;
+
+		/* A connected channel: two phases, the call on the channel pool. */
+		if (strcmp(pay__str(c->doc, "channel"), "mock") != 0 &&
+		    (rc = pay__chan_get(pay, pay__str(c->doc, "channel"), &ch, &found)) == 0 &&
+		    found && ch.base_url[0]) {
+			pay__chan_payment_start(c, &ch);
+			OPENSSL_cleanse(&ch, sizeof(ch));
+			return;
+		}
+		OPENSSL_cleanse(&ch, sizeof(ch));
+		if (rc < 0) {
+			pay__finish(c, rc);
+			return;
+		}
 		pay__start(c, "payment", order_no, pay->opts.ttl_ms, create_payment_work,
 		           pay->opts.mock_channel_delay_ms > 0 &&
 		                   strcmp(pay__str(c->doc, "channel"), "mock") == 0

@@ -80,6 +80,11 @@ static void on_done(void *ctx, int rc, idem_result *res)
 	pay__finish(op, rc);
 }
 
+void pay__op_done(pay__op *op, int rc, idem_result *res)
+{
+	on_done(op, rc, res);
+}
+
 static void *two_phase_main(void *arg)
 {
 	pay__op *op = arg;
@@ -107,8 +112,8 @@ static void *two_phase_main(void *arg)
 	return NULL;
 }
 
-void pay__start(pay__op *op, const char *type, const char *natural, int64_t ttl_ms,
-                idem_work_fn work, void (*before_work)(idem_pay *pay), int backstop)
+void pay__op_request(pay__op *op, const char *type, const char *natural, int64_t ttl_ms,
+                     int backstop)
 {
 	const idem_pay_request *rq = op->rq;
 
@@ -120,6 +125,12 @@ void pay__start(pay__op *op, const char *type, const char *natural, int64_t ttl_
 	op->req.key_len = rq->key ? rq->key_len : strlen(natural);
 	op->req.fingerprint = op->fp;
 	op->req.ttl_ms = ttl_ms;
+}
+
+void pay__start(pay__op *op, const char *type, const char *natural, int64_t ttl_ms,
+                idem_work_fn work, void (*before_work)(idem_pay *pay), int backstop)
+{
+	pay__op_request(op, type, natural, ttl_ms, backstop);
 	if (!before_work) {
 		idem_execute_async(op->pay->store, &op->req, work, op, on_done, op);
 		return;
