@@ -242,7 +242,7 @@ static int declined_work(idem_txn *txn, void *ctx, idem_response *resp)
 }
 
 /* The 503 of an unknown outcome: not stored, the claim released. */
-static int unavailable(idem_result *res, const char *what, const char *why)
+int pay__unavailable(idem_result *res, const char *what, const char *why)
 {
 	char detail[256];
 	char *body = NULL;
@@ -309,7 +309,7 @@ static void payment_run(pay__job *job, CURL *h)
 	idem_result_clear(&res);
 	if (!h || !(body = create_body(j))) {
 		idem_claim_abort(claim);
-		rc = unavailable(&res, "create call", "out of memory");
+		rc = pay__unavailable(&res, "create call", "out of memory");
 		goto answer;
 	}
 	pay__ch_call(c->pay, h, &j->ch, PAY__CALL_CREATE, "POST", "/orders", body, &j->reply);
@@ -320,7 +320,7 @@ static void payment_run(pay__job *job, CURL *h)
 	if (j->reply.outcome == PAY__CH_UNKNOWN) {
 		/* Never guess: the order may exist. The retry takes over at once. */
 		idem_claim_abort(claim);
-		rc = unavailable(&res, "create call", j->reply.why);
+		rc = pay__unavailable(&res, "create call", j->reply.why);
 		goto answer;
 	}
 	rc = idem_claim_finish(&res, claim,
