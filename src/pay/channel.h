@@ -110,6 +110,8 @@ int pay__unavailable(idem_result *res, const char *what, const char *why);
 /* Refunds (refunds.c): the status move, and the POST /refunds body. */
 int pay__refund_apply_status(idem_pay *pay, idem_txn *txn, const char *merchant, const char *id,
                              const char *status, const char *channel_refund_id, int *changed);
+/* 201 with refund id of merchant as it stands now. */
+int pay__refund_answer(idem_txn *txn, const char *merchant, const char *id, idem_response *resp);
 char *pay__refund_body(const char *refund_id, const char *payment_id, int64_t amount);
 
 /* The stored answer of a refusal: 402 channel_declined with channel_code. */

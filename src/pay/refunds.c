@@ -364,17 +364,22 @@ static int refund_prep(idem_txn *txn, void *ctx, idem_response *resp)
 	return reserve(txn, j->op, resp, 1, j->refund_id);
 }
 
-static int refund_answer(idem_txn *txn, refund_job *j, idem_response *resp)
+int pay__refund_answer(idem_txn *txn, const char *merchant, const char *id, idem_response *resp)
 {
 	refund_row r;
 	int rc;
 
-	if ((rc = load_refund(txn, &r, REFUND_COLS "WHERE id = ? AND merchant_id = ?", j->refund_id,
-	                      j->op->rq->caller)) < 0)
+	if ((rc = load_refund(txn, &r, REFUND_COLS "WHERE id = ? AND merchant_id = ?", id,
+	                      merchant)) < 0)
 		return rc;
 	if (!r.found)
-		return idem__error(IDEM_ESTORE, "refund %s vanished", j->refund_id);
+		return idem__error(IDEM_ESTORE, "refund %s vanished", id);
 	return answer_row(resp, 201, &r);
+}
+
+static int refund_answer(idem_txn *txn, refund_job *j, idem_response *resp)
+{
+	return pay__refund_answer(txn, j->op->rq->caller, j->refund_id, resp);
 }
 
 static int refund_ok_work(idem_txn *txn, void *ctx, idem_response *resp)
