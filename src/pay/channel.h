@@ -114,6 +114,9 @@ int pay__refund_apply_status(idem_pay *pay, idem_txn *txn, const char *merchant,
 int pay__refund_answer(idem_txn *txn, const char *merchant, const char *id, idem_response *resp);
 char *pay__refund_body(const char *refund_id, const char *payment_id, int64_t amount);
 
+/* Fail payment id (still 'creating') with the channel's refusal code. */
+int pay__fail_payment(idem_txn *txn, const char *id, const char *code, int64_t now);
+
 /* The stored answer of a refusal: 402 channel_declined with channel_code. */
 int pay__declined_problem(idem_response *resp, const char *code);
 

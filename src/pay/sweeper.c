@@ -170,14 +170,12 @@ static int resolve_step(idem_txn *txn, void *ctx)
 	if (r->status)
 		rc = pay__apply_order_status(r->pay, txn, r->c->id, r->status, r->txn_id, &changed);
 	else {
-		idem_value v[2] = {IDEM_V_INT(pay__now(r->pay)), IDEM_V_TEXT(r->c->id)};
-		int64_t n = 0;
+		pay__payment p = {0};
 
-		rc = idem_txn_exec(txn,
-		                   "UPDATE payments SET status = 'failed', updated_at = ?"
-		                   " WHERE id = ? AND status = 'creating'",
-		                   v, 2, &n);
-		changed = n == 1;
+		rc = pay__fail_payment(txn, r->c->id, "ORDER_CLOSED", pay__now(r->pay));
+		if (rc == 0 && (rc = pay__payment_load(r->pay, txn, &p, r->c->merchant, r->c->id)) == 0)
+			changed = p.found && strcmp(p.status, "failed") == 0;
+		pay__payment_clear(&p);
 	}
 	if (rc < 0)
 		return rc;
