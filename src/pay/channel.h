@@ -105,6 +105,18 @@ void pay__chan_refund_start(pay__op *op, const pay__chan *ch);
 int pay__apply_order_status(idem_pay *pay, idem_txn *txn, const char *payment_id,
                             const char *status, const char *channel_txn_id, int *changed);
 
+/* The answer to an unknown outcome: 503 channel_unavailable, not stored. */
+int pay__unavailable(idem_result *res, const char *what, const char *why);
+/* Refunds (refunds.c): the status move, and the POST /refunds body. */
+int pay__refund_apply_status(idem_pay *pay, idem_txn *txn, const char *merchant, const char *id,
+                             const char *status, const char *channel_refund_id, int *changed);
+/* 201 with refund id of merchant as it stands now. */
+int pay__refund_answer(idem_txn *txn, const char *merchant, const char *id, idem_response *resp);
+char *pay__refund_body(const char *refund_id, const char *payment_id, int64_t amount);
+
+/* Fail payment id (still 'creating') with the channel's refusal code. */
+int pay__fail_payment(idem_txn *txn, const char *id, const char *code, int64_t now);
+
 /* The stored answer of a refusal: 402 channel_declined with channel_code. */
 int pay__declined_problem(idem_response *resp, const char *code);
 

@@ -92,6 +92,16 @@ done:
 	return rc;
 }
 
+int pay__fail_payment(idem_txn *txn, const char *id, const char *code, int64_t now)
+{
+	idem_value v[3] = {IDEM_V_TEXT(code), IDEM_V_INT(now), IDEM_V_TEXT(id)};
+
+	return idem_txn_exec(txn,
+	                     "UPDATE payments SET status = 'failed', channel_code = ?, updated_at = ?"
+	                     " WHERE id = ? AND status = 'creating'",
+	                     v, 3, NULL);
+}
+
 /* ---- phase one: the claim and the payment row -------------------------- */
 
 static int insert_creating(idem_txn *txn, pay__op *c, const char *id, int64_t now)
@@ -131,6 +141,52 @@ static int insert_creating(idem_txn *txn, pay__op *c, const char *id, int64_t no
 	return rc;
 }
 
+typedef struct {
+	char key[IDEM_KEY_MAX + 1];
+	char code[64];
+} key_code;
+
+static int read_key_code(void *ctx, const idem_value *c, int n)
+{
+	key_code *k = ctx;
+
+	if (n != 2)
+		return idem__error(IDEM_ESTORE, "payment row has %d columns", n);
+	pay__col_text(k->key, sizeof(k->key), &c[0]);
+	pay__col_text(k->code, sizeof(k->code), &c[1]);
+	return 1;
+}
+
+/*
+ * A payment resolved since this key's last attempt (by the sweeper or a
+ * notification, after a 503 released the claim): the retry gets the answer
+ * the first attempt would have had, 201 with the payment, or the 402 of the
+ * channel's refusal (ORDER_CLOSED when the sweeper closed it). 1 when
+ * answered; 0 when the payment is another request's (the backstop's case).
+ */
+static int own_payment(idem_txn *txn, pay__op *c, const pay__payment *p, idem_response *resp)
+{
+	key_code k = {"", ""};
+	idem_value v[1] = {IDEM_V_TEXT(p->id)};
+	json_t *obj;
+	int rc;
+
+	if ((rc = idem_txn_query(txn, "SELECT idem_key, channel_code FROM payments WHERE id = ?", v,
+	                         1, read_key_code, &k)) < 0)
+		return rc;
+	if (strlen(k.key) != c->req.key_len || memcmp(k.key, c->req.key, c->req.key_len) != 0)
+		return 0;
+	if (strcmp(p->status, "failed") == 0 && k.code[0])
+		rc = pay__declined_problem(resp, k.code);
+	else if (!(obj = pay__payment_object(p)))
+		rc = idem__error(IDEM_ENOMEM, "out of memory");
+	else {
+		rc = pay__json(resp, 201, obj);
+		json_decref(obj);
+	}
+	return rc < 0 ? rc : 1;
+}
+
 static int create_prep(idem_txn *txn, void *ctx, idem_response *resp)
 {
 	pay_job *j = ctx;
@@ -150,6 +206,11 @@ static int create_prep(idem_txn *txn, void *ctx, idem_response *resp)
 		rc = insert_creating(txn, c, j->payment_id, now);
 		if (rc == IDEM_ECONFLICT) /* inserted meanwhile under another key */
 			rc = idem__error(IDEM_ERETRY, "payment row appeared during the claim");
+		goto done;
+	}
+	if (strcmp(p.fingerprint, c->fp) == 0 && strcmp(p.status, "creating") != 0 &&
+	    (rc = own_payment(txn, c, &p, resp)) != 0) {
+		rc = rc < 0 ? rc : 0; /* this key's own payment: its answer */
 		goto done;
 	}
 	if (strcmp(p.status, "creating") == 0 && strcmp(p.fingerprint, c->fp) == 0) {
@@ -232,17 +293,15 @@ int pay__declined_problem(idem_response *resp, const char *code)
 static int declined_work(idem_txn *txn, void *ctx, idem_response *resp)
 {
 	pay_job *j = ctx;
-	int64_t n = 0;
 	int rc;
 
-	if ((rc = set_status(txn, j->payment_id, "failed", "'creating'", NULL,
-	                     pay__now(j->op->pay), &n)) < 0)
+	if ((rc = pay__fail_payment(txn, j->payment_id, j->reply.code, pay__now(j->op->pay))) < 0)
 		return rc;
 	return pay__declined_problem(resp, j->reply.code);
 }
 
 /* The 503 of an unknown outcome: not stored, the claim released. */
-static int unavailable(idem_result *res, const char *what, const char *why)
+int pay__unavailable(idem_result *res, const char *what, const char *why)
 {
 	char detail[256];
 	char *body = NULL;
@@ -309,7 +368,7 @@ static void payment_run(pay__job *job, CURL *h)
 	idem_result_clear(&res);
 	if (!h || !(body = create_body(j))) {
 		idem_claim_abort(claim);
-		rc = unavailable(&res, "create call", "out of memory");
+		rc = pay__unavailable(&res, "create call", "out of memory");
 		goto answer;
 	}
 	pay__ch_call(c->pay, h, &j->ch, PAY__CALL_CREATE, "POST", "/orders", body, &j->reply);
@@ -320,7 +379,7 @@ static void payment_run(pay__job *job, CURL *h)
 	if (j->reply.outcome == PAY__CH_UNKNOWN) {
 		/* Never guess: the order may exist. The retry takes over at once. */
 		idem_claim_abort(claim);
-		rc = unavailable(&res, "create call", j->reply.why);
+		rc = pay__unavailable(&res, "create call", j->reply.why);
 		goto answer;
 	}
 	rc = idem_claim_finish(&res, claim,

@@ -6,9 +6,12 @@
  * cannot both pass. The payment's UPDATE is still conditional (state
  * machine): it must change exactly one row.
  */
+#include <openssl/crypto.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "pay/channel.h"
 #include "pay/payment.h"
 #include "util/error.h"
 
@@ -80,9 +83,16 @@ static int answer_row(idem_response *resp, int status, const refund_row *r)
 	return rc;
 }
 
-static int refund_work(idem_txn *txn, void *vctx, idem_response *resp)
+/*
+ * Every check, then the refund row, the payment's refunded amount and the
+ * debit, under the merchant's lock. to_channel: the row is 'creating' (the
+ * channel has yet to answer: the amount is reserved meanwhile) and its id is
+ * copied to id_out; a retry of a refund still 'creating' finds it again
+ * (id_out set, resp left empty: the claim stays held for the channel call).
+ */
+static int reserve(idem_txn *txn, pay__op *c, idem_response *resp, int to_channel,
+                   char id_out[IDEM_PAY_ID_SIZE])
 {
-	pay__op *c = vctx;
 	json_t *d = c->doc;
 	const char *merchant = c->rq->caller, *reason = pay__str(d, "reason");
 	int64_t amount = pay__int(d, "amount"), now = pay__now(c->pay), balance = 0, changed = 0;
@@ -104,6 +114,12 @@ static int refund_work(idem_txn *txn, void *vctx, idem_response *resp)
 		char *body = NULL;
 		size_t len = 0;
 
+		if (to_channel && strcmp(r.fingerprint, c->fp) == 0 &&
+		    strcmp(r.status, "creating") == 0) {
+			memcpy(id_out, r.id, IDEM_PAY_ID_SIZE); /* the same out_refund_no again */
+			rc = 0;
+			goto done;
+		}
 		if (strcmp(r.fingerprint, c->fp) == 0) {
 			rc = answer_row(resp, 200, &r);
 			goto done;
@@ -143,21 +159,26 @@ static int refund_work(idem_txn *txn, void *vctx, idem_response *resp)
 	if ((rc = pay__new_id(r.id, "re_")) < 0)
 		goto done;
 	{
-		idem_value v[9] = {IDEM_V_TEXT(r.id),
-		                   IDEM_V_TEXT(merchant),
-		                   IDEM_V_TEXT(pay__str(d, "refund_request_no")),
-		                   IDEM_V_TEXT(p.id),
-		                   IDEM_V_INT(amount),
-		                   IDEM_V_TEXT(p.currency),
-		                   reason ? IDEM_V_TEXT(reason) : IDEM_V_NULL,
-		                   IDEM_V_TEXT(c->fp),
-		                   IDEM_V_INT(now)};
+		idem_value v[12] = {IDEM_V_TEXT(r.id),
+		                    IDEM_V_TEXT(merchant),
+		                    IDEM_V_TEXT(pay__str(d, "refund_request_no")),
+		                    IDEM_V_TEXT(p.id),
+		                    IDEM_V_INT(amount),
+		                    IDEM_V_TEXT(p.currency),
+		                    reason ? IDEM_V_TEXT(reason) : IDEM_V_NULL,
+		                    IDEM_V_TEXT(to_channel ? "creating" : "succeeded"),
+		                    IDEM_V_TEXT(c->fp),
+		                    IDEM_V_INT(now),
+		                    IDEM_V_INT(now),
+		                    to_channel ? IDEM_V_TEXTN(c->req.key, c->req.key_len)
+		                               : IDEM_V_NULL};
 
 		rc = idem_txn_exec(txn,
 		                   "INSERT INTO refunds (id, merchant_id, refund_request_no,"
 		                   " payment_id, amount, currency, reason, status, fingerprint,"
-		                   " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, 'succeeded', ?, ?)",
-		                   v, 9, NULL);
+		                   " created_at, updated_at, idem_key)"
+		                   " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+		                   v, 12, NULL);
 	}
 	if (rc < 0)
 		goto done;
@@ -178,6 +199,10 @@ static int refund_work(idem_txn *txn, void *vctx, idem_response *resp)
 		rc = idem__error(IDEM_ERETRY, "payment changed during refund");
 	if (rc < 0 || (rc = pay__post(txn, merchant, p.currency, -amount, "refund", r.id, now)) < 0)
 		goto done;
+	if (to_channel) {
+		memcpy(id_out, r.id, IDEM_PAY_ID_SIZE);
+		goto done;
+	}
 	{
 		char id[IDEM_PAY_ID_SIZE];
 
@@ -191,6 +216,15 @@ done:
 	pay__payment_clear(&p);
 	return rc;
 }
+
+static int refund_work(idem_txn *txn, void *vctx, idem_response *resp)
+{
+	char unused[IDEM_PAY_ID_SIZE];
+
+	return reserve(txn, vctx, resp, 0, unused);
+}
+
+static int start_on_channel(pay__op *op);
 
 static const pay__field refund_fields[] = {
     {"refund_request_no", F_STRING, 0},
@@ -234,6 +268,8 @@ void idem_pay_refund_async(idem_pay *pay, const idem_pay_request *rq, idem_done_
 		rc = pay__reject(out, 400, "invalid_request", "'reason' must be at most 255 bytes");
 	else if ((rc = pay__fingerprint(c->fp, rq, c->doc)) ==
 	         0) {
+		if (start_on_channel(c))
+			return;
 		pay__start(c, "refund", no, pay->opts.ttl_ms, refund_work, NULL, 1);
 		return;
 	}
@@ -243,4 +279,236 @@ void idem_pay_refund_async(idem_pay *pay, const idem_pay_request *rq, idem_done_
 int idem_pay_refund(idem_result *out, idem_pay *pay, const idem_pay_request *rq)
 {
 	return pay__wait(out, pay, rq, idem_pay_refund_async);
+}
+
+/* ---- refunds through a connected channel (CHANNEL.md) ------------------- */
+
+/*
+ * Move refund id of merchant to the channel's refund status. SUCCESS and
+ * PROCESSING keep the reserved amount; FAILED gives it back (the payment's
+ * refunded amount and the merchant's balance, with a "refund_reversal"
+ * ledger entry) under the merchant's lock. *changed 1 when it moved.
+ */
+int pay__refund_apply_status(idem_pay *pay, idem_txn *txn, const char *merchant, const char *id,
+                             const char *status, const char *channel_refund_id, int *changed)
+{
+	int64_t now = pay__now(pay), n = 0;
+	refund_row r;
+	int rc;
+
+	*changed = 0;
+	if (strcmp(status, "FAILED") == 0 && (rc = pay__lock_merchant(txn, merchant, now)) < 0)
+		return rc;
+	if ((rc = load_refund(txn, &r, REFUND_COLS "WHERE id = ? AND merchant_id = ?", id,
+	                      merchant)) < 0)
+		return rc;
+	if (!r.found)
+		return idem__error(IDEM_ENOTFOUND, "no refund %s", id);
+	{
+		const char *to = strcmp(status, "SUCCESS") == 0      ? "succeeded"
+		                 : strcmp(status, "PROCESSING") == 0 ? "processing"
+		                 : strcmp(status, "FAILED") == 0     ? "failed"
+		                                                     : NULL;
+		idem_value v[4] = {IDEM_V_NULL, channel_refund_id ? IDEM_V_TEXT(channel_refund_id)
+		                                                  : IDEM_V_NULL,
+		                   IDEM_V_INT(now), IDEM_V_TEXT(id)};
+
+		if (!to)
+			return idem__error(IDEM_EINVAL, "unknown refund status");
+		v[0] = IDEM_V_TEXT(to);
+		rc = idem_txn_exec(txn,
+		                   strcmp(to, "processing") == 0
+		                       ? "UPDATE refunds SET status = ?, channel_refund_id ="
+		                         " COALESCE(?, channel_refund_id), updated_at = ?"
+		                         " WHERE id = ? AND status = 'creating'"
+		                       : "UPDATE refunds SET status = ?, channel_refund_id ="
+		                         " COALESCE(?, channel_refund_id), updated_at = ?"
+		                         " WHERE id = ? AND status IN ('creating', 'processing')",
+		                   v, 4, &n);
+	}
+	if (rc < 0 || n != 1)
+		return rc;
+	*changed = 1;
+	if (strcmp(status, "FAILED") != 0)
+		return 0;
+	{
+		idem_value v[5] = {IDEM_V_INT(r.amount), IDEM_V_INT(r.amount), IDEM_V_INT(now),
+		                   IDEM_V_TEXT(r.payment_id), IDEM_V_INT(r.amount)};
+
+		rc = idem_txn_exec(txn,
+		                   "UPDATE payments SET refunded_amount = refunded_amount - ?,"
+		                   " status = CASE WHEN refunded_amount - ? = 0 THEN 'succeeded'"
+		                   " ELSE 'partially_refunded' END, updated_at = ?"
+		                   " WHERE id = ? AND refunded_amount >= ?",
+		                   v, 5, &n);
+	}
+	if (rc == 0 && n != 1)
+		rc = idem__error(IDEM_ESTORE, "payment of refund %s lost its refunded amount", id);
+	if (rc == 0)
+		rc = pay__post(txn, merchant, r.currency, r.amount, "refund_reversal", id, now);
+	return rc;
+}
+
+typedef struct {
+	pay__job job;
+	pay__op *op;
+	pay__chan ch;
+	char refund_id[IDEM_PAY_ID_SIZE];
+	pay__ch_reply reply;
+} refund_job;
+
+static int refund_prep(idem_txn *txn, void *ctx, idem_response *resp)
+{
+	refund_job *j = ctx;
+
+	return reserve(txn, j->op, resp, 1, j->refund_id);
+}
+
+int pay__refund_answer(idem_txn *txn, const char *merchant, const char *id, idem_response *resp)
+{
+	refund_row r;
+	int rc;
+
+	if ((rc = load_refund(txn, &r, REFUND_COLS "WHERE id = ? AND merchant_id = ?", id,
+	                      merchant)) < 0)
+		return rc;
+	if (!r.found)
+		return idem__error(IDEM_ESTORE, "refund %s vanished", id);
+	return answer_row(resp, 201, &r);
+}
+
+static int refund_answer(idem_txn *txn, refund_job *j, idem_response *resp)
+{
+	return pay__refund_answer(txn, j->op->rq->caller, j->refund_id, resp);
+}
+
+static int refund_ok_work(idem_txn *txn, void *ctx, idem_response *resp)
+{
+	refund_job *j = ctx;
+	const char *st = json_string_value(json_object_get(j->reply.doc, "status"));
+	const char *cid = json_string_value(json_object_get(j->reply.doc, "channel_refund_id"));
+	int changed = 0, rc;
+
+	if ((rc = pay__refund_apply_status(j->op->pay, txn, j->op->rq->caller, j->refund_id, st,
+	                                   cid, &changed)) < 0)
+		return rc;
+	return refund_answer(txn, j, resp);
+}
+
+static int refund_declined_work(idem_txn *txn, void *ctx, idem_response *resp)
+{
+	refund_job *j = ctx;
+	int changed = 0, rc;
+
+	if ((rc = pay__refund_apply_status(j->op->pay, txn, j->op->rq->caller, j->refund_id,
+	                                   "FAILED", NULL, &changed)) < 0)
+		return rc;
+	return pay__declined_problem(resp, j->reply.code);
+}
+
+static int refund_answer_valid(const pay__ch_reply *r, const char *id)
+{
+	const char *no = json_string_value(json_object_get(r->doc, "out_refund_no"));
+	const char *st = json_string_value(json_object_get(r->doc, "status"));
+
+	return no && st && strcmp(no, id) == 0 &&
+	       (strcmp(st, "SUCCESS") == 0 || strcmp(st, "PROCESSING") == 0 ||
+	        strcmp(st, "FAILED") == 0);
+}
+
+char *pay__refund_body(const char *refund_id, const char *payment_id, int64_t amount)
+{
+	json_t *o = json_pack("{s:s, s:s, s:I}", "out_refund_no", refund_id, "out_trade_no",
+	                      payment_id, "amount", (json_int_t)amount);
+	char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+
+	json_decref(o);
+	return s;
+}
+
+static void refund_run(pay__job *job, CURL *h)
+{
+	refund_job *j = (refund_job *)job;
+	pay__op *c = j->op;
+	idem_claim *claim = NULL;
+	idem_result res = {0};
+	char *body = NULL;
+	int rc;
+
+	rc = idem_claim_begin_with(&claim, &res, c->pay->store, &c->req, refund_prep, j);
+	if (rc < 0 || !claim)
+		goto answer;
+	idem_result_clear(&res);
+	body = pay__refund_body(j->refund_id, pay__str(c->doc, "payment_id"),
+	                        pay__int(c->doc, "amount"));
+	if (!h || !body) {
+		idem_claim_abort(claim);
+		rc = pay__unavailable(&res, "refund call", "out of memory");
+		goto answer;
+	}
+	pay__ch_call(c->pay, h, &j->ch, PAY__CALL_REFUND, "POST", "/refunds", body, &j->reply);
+	if (j->reply.outcome == PAY__CH_OK && !refund_answer_valid(&j->reply, j->refund_id)) {
+		j->reply.outcome = PAY__CH_UNKNOWN;
+		snprintf(j->reply.why, sizeof(j->reply.why), "an OK answer for another refund");
+	}
+	if (j->reply.outcome == PAY__CH_UNKNOWN) {
+		/* The refund stays 'creating' with its amount reserved; the retry
+		 * (or the sweeper) sends the same out_refund_no. */
+		idem_claim_abort(claim);
+		rc = pay__unavailable(&res, "refund call", j->reply.why);
+		goto answer;
+	}
+	rc = idem_claim_finish(&res, claim,
+	                       j->reply.outcome == PAY__CH_OK ? refund_ok_work : refund_declined_work,
+	                       j);
+	if (rc < 0 && rc != IDEM_ELEASE)
+		idem_claim_abort(claim);
+	if (rc == IDEM_ELEASE)
+		rc = idem__error(IDEM_ERETRY, "lease lost while calling the channel");
+answer:
+	free(body);
+	idem_claim_free(claim);
+	pay__ch_reply_clear(&j->reply);
+	OPENSSL_cleanse(&j->ch, sizeof(j->ch));
+	pay__op_done(c, rc, &res);
+	idem_result_clear(&res);
+	free(j);
+}
+
+/* 1 (and the refund started) when the payment is on a connected channel. */
+static int start_on_channel(pay__op *op)
+{
+	pay__payment p = {0};
+	pay__chan ch;
+	refund_job *j;
+	pay__pool *pool;
+	int found = 0, on = 0;
+
+	memset(&ch, 0, sizeof(ch));
+	if (pay__payment_load(op->pay, NULL, &p, op->rq->caller, pay__str(op->doc, "payment_id")) <
+	        0 ||
+	    !p.found || strcmp(p.channel, "mock") == 0 ||
+	    pay__chan_get(op->pay, p.channel, &ch, &found) < 0 || !found || !ch.base_url[0])
+		goto done; /* the atomic path answers (and reports any store error) */
+	on = 1;
+	pay__op_request(op, "refund", pay__str(op->doc, "refund_request_no"), op->pay->opts.ttl_ms,
+	                1);
+	if (!(pool = pay__pool_get(op->pay)) || !(j = calloc(1, sizeof(*j)))) {
+		pay__finish(op, idem__error(IDEM_ENOMEM, "cannot start a channel call"));
+		goto done;
+	}
+	j->job.run = refund_run;
+	j->op = op;
+	j->ch = ch;
+	if (pay__pool_submit(pool, &j->job) < 0) {
+		OPENSSL_cleanse(&j->ch, sizeof(j->ch));
+		free(j);
+		pay__reject(&op->res, 503, "channel_busy",
+		            "too many channel calls are waiting; retry later");
+		pay__finish(op, 0);
+	}
+done:
+	OPENSSL_cleanse(&ch, sizeof(ch));
+	pay__payment_clear(&p);
+	return on;
 }

@@ -170,14 +170,12 @@ static int resolve_step(idem_txn *txn, void *ctx)
 	if (r->status)
 		rc = pay__apply_order_status(r->pay, txn, r->c->id, r->status, r->txn_id, &changed);
 	else {
-		idem_value v[2] = {IDEM_V_INT(pay__now(r->pay)), IDEM_V_TEXT(r->c->id)};
-		int64_t n = 0;
+		pay__payment p = {0};
 
-		rc = idem_txn_exec(txn,
-		                   "UPDATE payments SET status = 'failed', updated_at = ?"
-		                   " WHERE id = ? AND status = 'creating'",
-		                   v, 2, &n);
-		changed = n == 1;
+		rc = pay__fail_payment(txn, r->c->id, "ORDER_CLOSED", pay__now(r->pay));
+		if (rc == 0 && (rc = pay__payment_load(r->pay, txn, &p, r->c->merchant, r->c->id)) == 0)
+			changed = p.found && strcmp(p.status, "failed") == 0;
+		pay__payment_clear(&p);
 	}
 	if (rc < 0)
 		return rc;
@@ -281,6 +279,154 @@ static int settle_orphans(idem_pay *pay, int64_t now, int *resolved)
 	return rc;
 }
 
+/* ---- refunds ------------------------------------------------------------ */
+
+typedef struct {
+	char id[IDEM_PAY_ID_SIZE];
+	char merchant[IDEM_PAY_ID_SIZE];
+	char channel[IDEM_PAY_CHANNEL_MAX + 1];
+	char key[IDEM_KEY_MAX + 1];
+	char payment_id[IDEM_PAY_ID_SIZE];
+	char status[16];
+	int64_t amount;
+} rcand;
+
+typedef struct {
+	rcand *c;
+	int n;
+} rcands;
+
+static int read_rcand(void *ctx, const idem_value *col, int n)
+{
+	rcands *l = ctx;
+	rcand *c;
+
+	if (n != 7)
+		return idem__error(IDEM_ESTORE, "sweeper row has %d columns", n);
+	if (l->n >= SWEEP_BATCH)
+		return 0;
+	c = &l->c[l->n++];
+	pay__col_text(c->id, sizeof(c->id), &col[0]);
+	pay__col_text(c->merchant, sizeof(c->merchant), &col[1]);
+	pay__col_text(c->channel, sizeof(c->channel), &col[2]);
+	pay__col_text(c->key, sizeof(c->key), &col[3]);
+	pay__col_text(c->payment_id, sizeof(c->payment_id), &col[4]);
+	pay__col_text(c->status, sizeof(c->status), &col[5]);
+	c->amount = col[6].i;
+	return 0;
+}
+
+typedef struct {
+	idem_pay *pay;
+	const rcand *c;
+	const char *status; /* SUCCESS, PROCESSING, FAILED */
+	const char *channel_refund_id;
+	const char *declined; /* the channel's code when it refused */
+	int done;
+} rresolve;
+
+static int rresolve_step(idem_txn *txn, void *ctx)
+{
+	rresolve *r = ctx;
+	idem_response resp = {0, NULL, 0, 1};
+	int changed = 0, settled = 0, rc;
+
+	r->done = 0;
+	if ((rc = pay__refund_apply_status(r->pay, txn, r->c->merchant, r->c->id, r->status,
+	                                   r->channel_refund_id, &changed)) < 0)
+		return rc;
+	if (r->c->key[0]) {
+		rc = r->declined ? pay__declined_problem(&resp, r->declined)
+		                 : pay__refund_answer(txn, r->c->merchant, r->c->id, &resp);
+		if (rc == 0)
+			rc = idem_record_settle(txn, r->c->merchant, "refund", r->c->key,
+			                        strlen(r->c->key), resp.http_status, resp.body,
+			                        resp.body_len, &settled);
+		free(resp.body);
+	}
+	r->done = rc == 0 && (changed || settled);
+	return rc;
+}
+
+static int refund_reply_valid(const pay__ch_reply *q, const char *id)
+{
+	const char *no = json_string_value(json_object_get(q->doc, "out_refund_no"));
+	const char *st = json_string_value(json_object_get(q->doc, "status"));
+
+	return no && st && strcmp(no, id) == 0 &&
+	       (strcmp(st, "SUCCESS") == 0 || strcmp(st, "PROCESSING") == 0 ||
+	        strcmp(st, "FAILED") == 0);
+}
+
+/* Query; a refund the channel does not have is sent again (same number). */
+static int sweep_refund(idem_pay *pay, CURL *h, const rcand *c)
+{
+	pay__chan ch;
+	pay__ch_reply q = {0};
+	char path[128], *body = NULL;
+	rresolve r = {pay, c, NULL, NULL, NULL, 0};
+	int found = 0, rc = 0;
+
+	if (pay__chan_get(pay, c->channel, &ch, &found) < 0 || !found || !ch.base_url[0])
+		goto done;
+	snprintf(path, sizeof(path), "/refunds/%s", c->id);
+	pay__ch_call(pay, h, &ch, PAY__CALL_REFUND_QUERY, "GET", path, NULL, &q);
+	if (q.outcome == PAY__CH_DECLINED && strcmp(q.code, "REFUND_NOT_EXIST") == 0 &&
+	    strcmp(c->status, "creating") == 0) {
+		pay__ch_reply_clear(&q);
+		if (!(body = pay__refund_body(c->id, c->payment_id, c->amount)))
+			goto done;
+		pay__ch_call(pay, h, &ch, PAY__CALL_REFUND, "POST", "/refunds", body, &q);
+		if (q.outcome == PAY__CH_DECLINED) {
+			r.status = "FAILED";
+			r.declined = q.code;
+		}
+	}
+	if (q.outcome == PAY__CH_OK) {
+		if (!refund_reply_valid(&q, c->id))
+			goto done;
+		r.status = json_string_value(json_object_get(q.doc, "status"));
+		r.channel_refund_id = json_string_value(json_object_get(q.doc, "channel_refund_id"));
+	}
+	if (!r.status || (strcmp(r.status, "PROCESSING") == 0 && strcmp(c->status, "processing") == 0))
+		goto done; /* no answer, or still processing: next pass */
+	rc = idem_store_transact(pay->store, rresolve_step, &r);
+	if (rc == 0 && r.done) {
+		pay__sweep_count(pay, "refund_done");
+		rc = 1;
+	}
+done:
+	free(body);
+	pay__ch_reply_clear(&q);
+	OPENSSL_cleanse(&ch, sizeof(ch));
+	return rc < 0 ? 0 : rc;
+}
+
+static int sweep_refunds(idem_pay *pay, CURL *h, int64_t now, int64_t age_ms, int *resolved)
+{
+	rcand *buf = calloc(SWEEP_BATCH, sizeof(rcand));
+	rcands l = {buf, 0};
+	idem_value v[2] = {IDEM_V_INT(now - age_ms), IDEM_V_INT(now)};
+	int rc;
+
+	if (!buf)
+		return idem__error(IDEM_ENOMEM, "out of memory");
+	rc = idem_store_query(pay->store,
+	                      "SELECT r.id, r.merchant_id, p.channel, r.idem_key, r.payment_id,"
+	                      " r.status, r.amount FROM refunds r JOIN payments p"
+	                      " ON p.id = r.payment_id"
+	                      " WHERE r.status IN ('creating', 'processing') AND r.updated_at <= ?"
+	                      " AND NOT EXISTS (SELECT 1 FROM idem_records i"
+	                      " WHERE i.scope = r.merchant_id AND i.business_type = 'refund'"
+	                      " AND i.idem_key = r.idem_key AND i.status = 'PROCESSING'"
+	                      " AND i.lease_until > ?) ORDER BY r.updated_at LIMIT 100",
+	                      v, 2, read_rcand, &l);
+	for (int i = 0; rc == 0 && i < l.n; i++)
+		*resolved += sweep_refund(pay, h, &l.c[i]);
+	free(buf);
+	return rc;
+}
+
 int idem_pay_sweep(idem_pay *pay, int64_t age_ms, int *ran, int *resolved)
 {
 	char holder[33];
@@ -334,6 +480,8 @@ int idem_pay_sweep(idem_pay *pay, int64_t age_ms, int *ran, int *resolved)
 		int n = 0;
 
 		rc = settle_orphans(pay, pay__now(pay), &n);
+		if (rc == 0)
+			rc = sweep_refunds(pay, h, pay__now(pay), age_ms, &n);
 		if (resolved)
 			*resolved += n;
 	}

@@ -186,6 +186,7 @@ static const char *const migration_4[] = {
     " 'processing','succeeded','failed','partially_refunded','refunded'))",
     "ALTER TABLE payments ADD COLUMN IF NOT EXISTS idem_key VARCHAR(255) CHARACTER SET utf8mb4"
     " COLLATE utf8mb4_nopad_bin NULL",
+    "ALTER TABLE payments ADD COLUMN IF NOT EXISTS channel_code VARCHAR(64) NULL",
     "CREATE INDEX IF NOT EXISTS payments_status ON payments (status, updated_at)",
     "ALTER TABLE refunds ADD COLUMN IF NOT EXISTS channel_refund_id VARCHAR(255) NULL",
     "ALTER TABLE refunds ADD COLUMN IF NOT EXISTS idem_key VARCHAR(255) CHARACTER SET utf8mb4"

@@ -153,6 +153,7 @@ const char *const idem__pg_migrations[] = {
     "ALTER TABLE payments ADD CONSTRAINT payments_status_check CHECK (status IN"
     " ('creating','processing','succeeded','failed','partially_refunded','refunded'));"
     "ALTER TABLE payments ADD COLUMN idem_key TEXT COLLATE \"C\";"
+    "ALTER TABLE payments ADD COLUMN channel_code TEXT;"
     "CREATE INDEX payments_status ON payments (status, updated_at);"
     "ALTER TABLE refunds ADD COLUMN channel_refund_id TEXT;"
     "ALTER TABLE refunds ADD COLUMN idem_key TEXT COLLATE \"C\";"

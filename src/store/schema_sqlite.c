@@ -154,7 +154,8 @@ const char *const idem__sqlite_migrations[] = {
      * a CHECK, so payments is rebuilt (the documented 12-step procedure:
      * sqlite.c runs migrations with foreign keys off and checks them before
      * COMMIT). idem_key is the claim's key, so the sweeper can settle a
-     * record its owner left PROCESSING. sweeper_lease holds one row per
+     * record its owner left PROCESSING and a retry under it gets its own
+     * answer; channel_code is the channel's refusal of a failed payment. sweeper_lease holds one row per
      * background task: whoever holds it unexpired runs it. */
     "ALTER TABLE channels ADD COLUMN base_url TEXT;"
     "ALTER TABLE channels ADD COLUMN timeout_ms INTEGER NOT NULL DEFAULT 5000;"
@@ -175,6 +176,7 @@ const char *const idem__sqlite_migrations[] = {
     " created_at INTEGER NOT NULL,"
     " updated_at INTEGER NOT NULL,"
     " idem_key TEXT,"
+    " channel_code TEXT,"
     " UNIQUE (merchant_id, merchant_order_no)"
     ");"
     "INSERT INTO payments_v4 (id, merchant_id, merchant_order_no, amount, currency, channel,"
