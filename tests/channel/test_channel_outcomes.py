@@ -464,6 +464,85 @@ class Sweeper(ChannelCase):
         self.assertGreaterEqual(len([c for c in self.sim.calls() if c["call"] == "query"]), 4)
         self.check([m], orders=[(m, body["merchant_order_no"])], keys=[(m, key)])
 
+    # ---- refunds the client never came back for ------------------------
+    def paid(self, m, amount=1000):
+        self.sim.config(pay_mode="immediate")
+        r = m.post("/v1/payments", self.body(m, amount), key=uid("K"))
+        self.assertEqual((r.status, r.json()["status"]), (201, "succeeded"), r)
+        self.sim.config(pay_mode="pending")
+        return r.json()
+
+    def refund_calls(self, call="refund"):
+        return [c for c in self.sim.calls() if c.get("call") == call]
+
+    def wait_refunded(self, m, pid, amount, timeout=10):
+        return self.wait_for(lambda: m.payment(pid)["refunded_amount"] == amount, timeout,
+                             "refunded_amount %d on %s (now %r)"
+                             % (amount, pid, m.payment(pid)["refunded_amount"]))
+
+    def test_refund_lost_sent_again(self):
+        """The refund never reached the channel: the sweeper finds
+        REFUND_NOT_EXIST and sends it again under the same out_refund_no."""
+        m = self.server.new_merchant()
+        p = self.paid(m, 1000)
+        self.sim.faults({"call": "refund", "mode": "reset", "count": 2})
+        body = {"refund_request_no": uid("R"), "payment_id": p["id"], "amount": 300}
+        key = uid("RK")
+        self.assertUnknown(m.post("/v1/refunds", body, key=key))
+        self.sim.config(faults=[])
+        no = {c["body"]["out_refund_no"] for c in self.refund_calls()}
+        self.assertEqual(len(no), 1)
+        no = no.pop()
+        self.assertTrue(no.startswith("re_"), no)
+        self.wait_for(lambda: no in {r["out_refund_no"] for r in self.sim.refunds()}, 10,
+                      "the sweeper to send the refund again")
+        self.assertEqual({c["body"]["out_refund_no"] for c in self.refund_calls()}, {no})
+        self.assertIn(no, [c["number"] for c in self.refund_calls("refund_query")])
+        self.wait_refunded(m, p["id"], 300)
+        self.wait_for(lambda: m.balance() == 700, 5, "balance 700 (now %d)" % m.balance())
+        r = m.post("/v1/refunds", body, key=key)
+        self.assertEqual(r.status, 201, r)
+        self.assertEqual((r.json()["id"], r.json()["status"]), (no, "succeeded"), r)
+        self.assertEqual(len(self.sim.refunds()), 1)
+
+    def test_refund_found_after_unknown(self):
+        m = self.server.new_merchant()
+        p = self.paid(m, 1000)
+        self.sim.faults({"call": "refund", "mode": "5xx_after"})
+        body = {"refund_request_no": uid("R"), "payment_id": p["id"], "amount": 450}
+        self.assertUnknown(m.post("/v1/refunds", body, key=uid("RK")))
+        self.sim.config(faults=[])
+        self.wait_for(lambda: self.refund_calls("refund_query"), 10, "a refund query")
+        time.sleep(0.5)
+        self.assertEqual(len(self.sim.refunds()), 1)
+        self.assertEqual(len(self.refund_calls()), 1, "the refund found was sent again")
+        self.assertEqual(m.payment(p["id"])["refunded_amount"], 450)
+        self.assertEqual(m.balance(), 550)
+
+    def test_refund_processing_then_failed_gives_back(self):
+        m = self.server.new_merchant()
+        p = self.paid(m, 1000)
+        self.sim.config(refund_mode="processing")
+        body = {"refund_request_no": uid("R"), "payment_id": p["id"], "amount": 400}
+        r = m.post("/v1/refunds", body, key=uid("RK"))
+        self.assertEqual((r.status, r.json().get("status")), (201, "processing"), r)
+        rid = r.json()["id"]
+        self.assertEqual(m.balance(), 600, "a processing refund holds its amount")
+        self.assertEqual(self.sim.refund_set(rid, "FAILED")[0], 200)
+        self.wait_refunded(m, p["id"], 0)
+        self.wait_for(lambda: m.balance() == 1000, 5, "the amount given back")
+        self.assertEqual(m.payment(p["id"])["status"], "succeeded")
+        # and the processing one that succeeds stays refunded
+        r = m.post("/v1/refunds", dict(body, refund_request_no=uid("R")), key=uid("RK"))
+        self.assertEqual((r.status, r.json().get("status")), (201, "processing"), r)
+        self.sim.refund_set(r.json()["id"], "SUCCESS")
+        self.wait_for(lambda: any(c["number"] == r.json()["id"]
+                                  for c in self.refund_calls("refund_query")), 10,
+                      "the sweeper to query the processing refund")
+        time.sleep(0.5)
+        self.assertEqual(m.payment(p["id"])["refunded_amount"], 400)
+        self.assertEqual(m.balance(), 600)
+
     def test_sweeper_metrics(self):
         self.wait_for(lambda: (simharness.metric(self.server, "idem_sweeper_runs_total") or 0) > 0,
                       what="idem_sweeper_runs_total > 0")
