@@ -510,7 +510,8 @@ class Sweeper(ChannelCase):
         p = self.paid(m, 1000)
         self.sim.faults({"call": "refund", "mode": "5xx_after"})
         body = {"refund_request_no": uid("R"), "payment_id": p["id"], "amount": 450}
-        self.assertUnknown(m.post("/v1/refunds", body, key=uid("RK")))
+        key = uid("RK")
+        self.assertUnknown(m.post("/v1/refunds", body, key=key))
         self.sim.config(faults=[])
         self.wait_for(lambda: self.refund_calls("refund_query"), 10, "a refund query")
         time.sleep(0.5)
@@ -518,6 +519,10 @@ class Sweeper(ChannelCase):
         self.assertEqual(len(self.refund_calls()), 1, "the refund found was sent again")
         self.assertEqual(m.payment(p["id"])["refunded_amount"], 450)
         self.assertEqual(m.balance(), 550)
+        # the client comes back: the refund's own answer, as for payments
+        r = m.post("/v1/refunds", body, key=key)
+        self.assertEqual((r.status, r.json().get("status")), (201, "succeeded"), r)
+        self.assertEqual(len(self.refund_calls()), 1)
 
     def test_refund_processing_then_failed_gives_back(self):
         m = self.server.new_merchant()
