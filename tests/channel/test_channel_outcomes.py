@@ -12,6 +12,7 @@ one payment (or refund) at a time, against a real idemd (issue 11).
 Runs on SQLite, or on $IDEM_TEST_DB_URL (tests/fault/http_on.py)."""
 
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -229,6 +230,25 @@ class Outcomes(ChannelCase):
                            keys=[(m, key)])
                 self.assertEqual(m.balance(), 610)
 
+    def test_declined_answer_with_bad_signature_is_unknown(self):
+        """A 4xx whose signature is wrong is no definite refusal: not stored."""
+        self.sim.faults({"call": "create", "mode": "reset", "count": 2})
+        m = self.server.new_merchant()
+        key = uid("K")
+        body = self.body(m, 260)
+        self.assertUnknown(m.post("/v1/payments", body, key=key))
+        no = self.creates()[0]["number"]
+        st, _js = simharness.channel_call(self.sim, self.ch.secret, "POST",
+                                          "/orders/%s/close" % no, {})
+        self.assertEqual(st, 200)
+        self.sim.faults({"call": "create", "mode": "bad_signature", "count": 2})
+        r = m.post("/v1/payments", body, key=key)
+        self.assertUnknown(r, "409 ORDER_CLOSED with a bad signature")
+        self.assertEqual(simharness.payment_by_order(m, body["merchant_order_no"])["status"],
+                         "creating")
+        self.sim.config(faults=[])
+        self.assertDeclined(m.post("/v1/payments", body, key=key), "ORDER_CLOSED")
+
     def test_slow_within_timeout_is_ok(self):
         self.sim.faults({"call": "create", "mode": "slow", "delay_ms": 400})
         m = self.server.new_merchant()
@@ -345,6 +365,48 @@ class Outcomes(ChannelCase):
                                  {r2.json()["id"]}, name)
                 self.assertEqual(len(self.sim.refunds()), 1, name)
                 self.assertEqual(m.balance(), 750, name)
+
+
+class PublicUrl(ChannelCase):
+    SERVER_KW = {"public_url": "http://idem.example.invalid:8443/idem/"}
+
+    def test_notify_url_from_public_url(self):
+        m = self.server.new_merchant()
+        r = m.post("/v1/payments", self.body(m, 100), key=uid("K"))
+        self.assertEqual(r.status, 201, r)
+        o = self.sim.order_map()[r.json()["id"]]
+        self.assertEqual(o["notify_url"], "http://idem.example.invalid:8443/idem/v1/notifications/"
+                         + self.ch.name)
+
+
+class BadConfig(unittest.TestCase):
+    """idemctl channel add and idemd's channel flags refuse bad values clearly."""
+
+    def test_channel_add_bad_values(self):
+        s = simharness.harness.Server()
+        try:
+            s.start()
+            for args in (["--base-url", "ftp://127.0.0.1:1"], ["--base-url", ""],
+                         ["--base-url", "http://127.0.0.1:1", "--timeout-ms", "0"],
+                         ["--base-url", "http://127.0.0.1:1", "--timeout-ms", "x"],
+                         ["--timeout-ms", "100", "--base-url"]):
+                with self.subTest(args=args):
+                    with self.assertRaises(RuntimeError, msg=args):
+                        s.idemctl("--json", "channel", "add", "bad" + simharness.uuid_hex(),
+                                  *args)
+        finally:
+            s.stop()
+            s.cleanup()
+
+    def test_idemd_bad_flags(self):
+        for args in (["--channel-workers", "0"], ["--channel-queue", "0"],
+                     ["--sweep-interval-ms", "-1"], ["--public-url", "idem.example:80"]):
+            with self.subTest(args=args):
+                p = subprocess.run([simharness.harness.idemd_path(), "--listen", "127.0.0.1:1",
+                                    "--db", "sqlite::memory:"] + args, capture_output=True,
+                                   timeout=20)
+                self.assertEqual(p.returncode, 2, (args, p.stderr))
+                self.assertIn(args[0].lstrip("-"), p.stderr.decode(), args)
 
 
 class PoolFull(ChannelCase):
