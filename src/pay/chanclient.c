@@ -157,7 +157,8 @@ void pay__sweep_count(idem_pay *pay, const char *outcome)
 	}
 	for (size_t i = 0; i < SWEEP_OUTCOMES; i++)
 		if (strcmp(sweep_outcomes[i], outcome) == 0)
-			atomic_fetch_add_explicit(&pay->chans->resolved[i], 1, memory_order_relaxed);
+			atomic_fetch_add_explicit(&pay->chans->resolved[i], 1,
+			                          memory_order_relaxed);
 }
 
 typedef struct {

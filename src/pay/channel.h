@@ -85,8 +85,7 @@ void pay__pool_stop(pay__pool *p);
 
 /* ---- metrics (chanclient.c) ---- */
 
-void pay__ch_count(idem_pay *pay, const char *channel, pay__ch_kind call,
-                   pay__ch_outcome outcome);
+void pay__ch_count(idem_pay *pay, const char *channel, pay__ch_kind call, pay__ch_outcome outcome);
 void pay__sweep_count(idem_pay *pay, const char *outcome);
 
 /* ---- the flows (chanpay.c) ---- */

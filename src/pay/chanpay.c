@@ -79,7 +79,8 @@ int pay__apply_order_status(idem_pay *pay, idem_txn *txn, const char *payment_id
 		rc = set_status(txn, p.id, "succeeded", "'creating','processing'", channel_txn_id,
 		                now, &n);
 		if (rc == 0 && n == 1)
-			rc = pay__post(txn, p.merchant_id, p.currency, p.amount, "payment", p.id, now);
+			rc = pay__post(txn, p.merchant_id, p.currency, p.amount, "payment", p.id,
+			               now);
 	} else if (strcmp(status, "FAILED") == 0 || strcmp(status, "CLOSED") == 0) {
 		rc = set_status(txn, p.id, "failed", "'creating','processing'", channel_txn_id, now,
 		                &n);
@@ -96,10 +97,11 @@ int pay__fail_payment(idem_txn *txn, const char *id, const char *code, int64_t n
 {
 	idem_value v[3] = {IDEM_V_TEXT(code), IDEM_V_INT(now), IDEM_V_TEXT(id)};
 
-	return idem_txn_exec(txn,
-	                     "UPDATE payments SET status = 'failed', channel_code = ?, updated_at = ?"
-	                     " WHERE id = ? AND status = 'creating'",
-	                     v, 3, NULL);
+	return idem_txn_exec(
+	    txn,
+	    "UPDATE payments SET status = 'failed', channel_code = ?, updated_at = ?"
+	    " WHERE id = ? AND status = 'creating'",
+	    v, 3, NULL);
 }
 
 /* ---- phase one: the claim and the payment row -------------------------- */
@@ -219,9 +221,9 @@ static int create_prep(idem_txn *txn, void *ctx, idem_response *resp)
 		idem_value v[2] = {IDEM_V_INT(now), IDEM_V_TEXT(p.id)};
 
 		memcpy(j->payment_id, p.id, sizeof(j->payment_id));
-		rc = idem_txn_exec(txn,
-		                   "UPDATE payments SET updated_at = ? WHERE id = ? AND status = 'creating'",
-		                   v, 2, &n);
+		rc = idem_txn_exec(
+		    txn, "UPDATE payments SET updated_at = ? WHERE id = ? AND status = 'creating'",
+		    v, 2, &n);
 		goto done;
 	}
 	/* The order number exists, final or another request's: the backstop. */

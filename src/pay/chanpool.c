@@ -56,7 +56,8 @@ int pay__pool_start(pay__pool **out, int workers, int queue_max)
 	*out = NULL;
 	if (workers < 1 || workers > 1024 || queue_max < 1)
 		return idem__error(IDEM_EINVAL, "channel pool: workers 1..1024, queue >= 1");
-	if (!(p = calloc(1, sizeof(*p))) || !(p->threads = calloc((size_t)workers, sizeof(pthread_t)))) {
+	if (!(p = calloc(1, sizeof(*p))) ||
+	    !(p->threads = calloc((size_t)workers, sizeof(pthread_t)))) {
 		free(p);
 		return idem__error(IDEM_ENOMEM, "out of memory");
 	}

@@ -50,10 +50,11 @@ static int lease_step(idem_txn *txn, void *ctx)
 	int rc;
 
 	l->held = 0;
-	rc = idem_txn_exec(txn,
-	                   "UPDATE sweeper_lease SET holder = ?, lease_until = ? WHERE name = '" LEASE_NAME
-	                   "' AND (lease_until <= ? OR holder = ?)",
-	                   v, 4, &n);
+	rc = idem_txn_exec(
+	    txn,
+	    "UPDATE sweeper_lease SET holder = ?, lease_until = ? WHERE name = '" LEASE_NAME
+	    "' AND (lease_until <= ? OR holder = ?)",
+	    v, 4, &n);
 	if (rc < 0)
 		return rc;
 	if (n == 1) {
@@ -124,7 +125,7 @@ static int read_cand(void *ctx, const idem_value *col, int n)
 typedef struct {
 	idem_pay *pay;
 	const cand *c;
-	const char *status;  /* the channel's order status; NULL: closed by us */
+	const char *status; /* the channel's order status; NULL: closed by us */
 	const char *txn_id;
 	const char *outcome; /* for the counters */
 } resolve;
@@ -150,9 +151,9 @@ static int settle_record(idem_txn *txn, resolve *r)
 		rc = pay__json(&resp, 201, obj);
 	}
 	if (rc == 0)
-		rc = idem_record_settle(txn, r->c->merchant, "payment", r->c->key,
-		                        strlen(r->c->key), resp.http_status, resp.body, resp.body_len,
-		                        &settled);
+		rc =
+		    idem_record_settle(txn, r->c->merchant, "payment", r->c->key, strlen(r->c->key),
+		                       resp.http_status, resp.body, resp.body_len, &settled);
 	if (rc == 0 && settled && !r->outcome)
 		r->outcome = "settled";
 done:
@@ -173,7 +174,8 @@ static int resolve_step(idem_txn *txn, void *ctx)
 		pay__payment p = {0};
 
 		rc = pay__fail_payment(txn, r->c->id, "ORDER_CLOSED", pay__now(r->pay));
-		if (rc == 0 && (rc = pay__payment_load(r->pay, txn, &p, r->c->merchant, r->c->id)) == 0)
+		if (rc == 0 &&
+		    (rc = pay__payment_load(r->pay, txn, &p, r->c->merchant, r->c->id)) == 0)
 			changed = p.found && strcmp(p.status, "failed") == 0;
 		pay__payment_clear(&p);
 	}
@@ -386,9 +388,11 @@ static int sweep_refund(idem_pay *pay, CURL *h, const rcand *c)
 		if (!refund_reply_valid(&q, c->id))
 			goto done;
 		r.status = json_string_value(json_object_get(q.doc, "status"));
-		r.channel_refund_id = json_string_value(json_object_get(q.doc, "channel_refund_id"));
+		r.channel_refund_id =
+		    json_string_value(json_object_get(q.doc, "channel_refund_id"));
 	}
-	if (!r.status || (strcmp(r.status, "PROCESSING") == 0 && strcmp(c->status, "processing") == 0))
+	if (!r.status ||
+	    (strcmp(r.status, "PROCESSING") == 0 && strcmp(c->status, "processing") == 0))
 		goto done; /* no answer, or still processing: next pass */
 	rc = idem_store_transact(pay->store, rresolve_step, &r);
 	if (rc == 0 && r.done) {

@@ -155,8 +155,9 @@ const char *const idem__sqlite_migrations[] = {
      * sqlite.c runs migrations with foreign keys off and checks them before
      * COMMIT). idem_key is the claim's key, so the sweeper can settle a
      * record its owner left PROCESSING and a retry under it gets its own
-     * answer; channel_code is the channel's refusal of a failed payment. sweeper_lease holds one row per
-     * background task: whoever holds it unexpired runs it. */
+     * answer; channel_code is the channel's refusal of a failed payment.
+     * sweeper_lease holds one row per background task: whoever holds it
+     * unexpired runs it. */
     "ALTER TABLE channels ADD COLUMN base_url TEXT;"
     "ALTER TABLE channels ADD COLUMN timeout_ms INTEGER NOT NULL DEFAULT 5000;"
     "CREATE TABLE payments_v4 ("
