@@ -576,7 +576,13 @@ class Handler(BaseHTTPRequestHandler):
             raise ValueError("body too large")
         return self.rfile.read(n) if n else b""
 
+    def rec_end(self):
+        rec = getattr(self, "current", None)
+        if rec is not None and "t_end" not in rec:
+            rec["t_end"] = time.time()
+
     def send_raw(self, status, data, signature=None, ctype="application/json"):
+        self.rec_end()
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(data)))
@@ -593,6 +599,7 @@ class Handler(BaseHTTPRequestHandler):
     def drop(self, rst):
         """Close the connection without an answer (RST when rst)."""
         self.close_connection = True
+        self.rec_end()
         try:
             if rst:
                 self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
@@ -617,6 +624,7 @@ class Handler(BaseHTTPRequestHandler):
         self.dispatch("DELETE")
 
     def dispatch(self, method):
+        self.current = None
         try:
             raw = self.read_body()
         except (ValueError, OSError):
@@ -654,6 +662,7 @@ class Handler(BaseHTTPRequestHandler):
             rec["body"] = json.loads(raw) if raw else None
         except ValueError:
             rec["body"] = raw.decode("utf-8", "replace")
+        self.current = rec
         with sim.lock:
             sim.calls.append(rec)
             secret = sim.secret
@@ -737,6 +746,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def finish_call(self, rec, ans):
         rec["status"] = ans.status
+        rec["t_end"] = time.time()
         self.sim.log("%s %s -> %d %s%s" % (rec["method"], rec["path"], ans.status,
                                            ans.body.get("code"),
                                            " (fault %s)" % rec["fault"] if rec["fault"] else ""))
