@@ -277,6 +277,16 @@ class Outcomes(ChannelCase):
         self.assertIsNotNone(n, "no idem_channel_calls_total{channel,call=create}")
         self.assertGreaterEqual(n, 1)
         self.assertIsNotNone(simharness.metric(self.server, "idem_channel_queue_depth"))
+        for fault, outcome in (({"mode": "5xx_before"}, "unknown"),
+                               ({"mode": "decline", "code": "X"}, "declined")):
+            before = simharness.metric(self.server, "idem_channel_calls_total",
+                                       channel=self.ch.name, call="create", outcome=outcome) or 0
+            self.sim.faults(dict(fault, call="create"))
+            r = m.post("/v1/payments", self.body(m), key=uid("K"))
+            self.assertIn(r.status, (402, 503), r)
+            after = simharness.metric(self.server, "idem_channel_calls_total",
+                                      channel=self.ch.name, call="create", outcome=outcome)
+            self.assertEqual(after, before + 1, "idem_channel_calls_total outcome=%s" % outcome)
         self.assertIsNotNone(simharness.metric(self.server, "idem_sweeper_runs_total"))
 
     # ---- refunds -------------------------------------------------------
