@@ -572,6 +572,7 @@ class Sweeper(ChannelCase):
         self.assertIn(no, [c["number"] for c in self.refund_calls("refund_query")])
         self.wait_refunded(m, p["id"], 300)
         self.wait_for(lambda: m.balance() == 700, 5, "balance 700 (now %d)" % m.balance())
+        self.check([m], got201=[p["id"]])
         r = m.post("/v1/refunds", body, key=key)
         self.assertEqual(r.status, 201, r)
         self.assertEqual((r.json()["id"], r.json()["status"]), (no, "succeeded"), r)
@@ -591,6 +592,7 @@ class Sweeper(ChannelCase):
         self.assertEqual(len(self.refund_calls()), 1, "the refund found was sent again")
         self.assertEqual(m.payment(p["id"])["refunded_amount"], 450)
         self.assertEqual(m.balance(), 550)
+        self.check([m], got201=[p["id"]])
         # the client comes back: the refund's own answer, as for payments
         r = m.post("/v1/refunds", body, key=key)
         self.assertEqual((r.status, r.json().get("status")), (201, "succeeded"), r)

@@ -230,6 +230,7 @@ class Storm(ChannelCase):
                                       for mm, pid in pays if mm is m), 15,
                           "refunded_amount 900 on every payment of %s" % m.id)
             self.assertEqual(m.balance(), 100 * 4, "balance of %s" % m.id)
+        self.check(merchants, within=15.0, got201=[pid for _m, pid in pays])
         for w in work:
             again = w["m"].post("/v1/refunds", w["body"], key=w["key"])
             self.assertEqual((again.status, again.body), (w["done"].status, w["done"].body))
