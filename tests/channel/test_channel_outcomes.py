@@ -30,6 +30,9 @@ UNKNOWN_FAULTS = [
     ("reset_before", {"mode": "reset", "count": 2}, False),
     ("reset_after", {"mode": "reset", "after": True, "count": 2}, True),
     ("garbage", {"mode": "garbage"}, True),
+    # a 4xx is a refusal only with a code: a proxy's HTML 404, or JSON with no code
+    ("4xx_html", {"mode": "garbage", "status": 404}, True),
+    ("4xx_no_code", {"mode": "decline", "status": 400, "code": None}, False),
     ("bad_signature", {"mode": "bad_signature"}, True),
     ("timeout_after_create", {"mode": "timeout_after_create", "hold_ms": 2500}, True),
     # slower than the channel's 1 s timeout: the order appears only after idemd gave up
@@ -84,6 +87,24 @@ class Outcomes(ChannelCase):
                       what="the SUCCESS notification acknowledged")
         self.check([m], orders=[(m, body["merchant_order_no"])], got201=[p["id"]])
         self.assertEqual(m.balance(), 500)
+
+    def test_ok_failed_at_once(self):
+        """OK with status FAILED: definite, the payment failed as the status says."""
+        self.sim.config(pay_mode="immediate_fail")
+        m = self.server.new_merchant()
+        key = uid("K")
+        body = self.body(m, 640)
+        r = m.post("/v1/payments", body, key=key)
+        self.assertEqual(r.status, 201, r)
+        self.assertEqual(r.json()["status"], "failed", r)
+        again = m.post("/v1/payments", body, key=key)
+        self.assertEqual((again.status, again.body), (201, r.body))
+        self.wait_for(lambda: any(d["http_status"] == 200 for d in self.sim.notifications()),
+                      what="the FAILED notification acknowledged")
+        self.assertEqual(m.payment(r.json()["id"])["status"], "failed")
+        self.assertEqual(m.balance(), 0)
+        self.check([m], orders=[(m, body["merchant_order_no"])], got201=[r.json()["id"]],
+                   keys=[(m, key)])
 
     def test_ok_after_delay(self):
         self.sim.config(pay_mode="success_after_ms", pay_delay_ms=200)

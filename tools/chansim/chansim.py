@@ -30,7 +30,8 @@ A control API under /_sim/ (unsigned JSON) drives it from tests:
 
 pay_mode: "pending" (default; an order waits for /_sim/pay),
 "success_after_ms" (SUCCESS after pay_delay_ms), "immediate" (the create
-answers SUCCESS). notify_mode: "once" (default), "twice" (every delivery is
+answers SUCCESS), "immediate_fail" (the create answers FAILED: the payer's
+attempt failed at once). notify_mode: "once" (default), "twice" (every delivery is
 sent twice, concurrently), "out_of_order" (after a SUCCESS notification, a
 stale FAILED one with an older notify_id), "before_return" (immediate payment;
 the SUCCESS notification is delivered before the create answer is sent),
@@ -48,9 +49,9 @@ A fault is {"call": "create|query|close|refund|refund_query", "mode": M,
                         does the call first
   slow                  wait delay_ms (1000), then do the call and answer
   bad_signature         do the call, answer with a wrong X-Signature
-  garbage               do the call, answer 200 with an unparsable body
-  decline               answer "status" (400) with {"code": code} (INVALID_FIELD)
-                        without doing the call
+  garbage               do the call, answer "status" (200) with an unparsable body
+  decline               answer "status" (400) with {"code": code} (INVALID_FIELD;
+                        "code": null leaves the member out) without doing the call
 
 Usage: chansim.py --port P [--host 127.0.0.1] [--secret S]
                   [--notify-schedule-ms 15000,15000,...] [--log FILE]
@@ -80,7 +81,7 @@ DEFAULT_SCHEDULE_MS = [15000, 15000, 30000, 180000, 600000, 1200000, 1800000, 18
 CALLS = ("create", "query", "close", "refund", "refund_query")
 FAULT_MODES = ("timeout_after_create", "5xx_before", "5xx_after", "reset", "slow",
                "bad_signature", "garbage", "decline")
-PAY_MODES = ("pending", "success_after_ms", "immediate")
+PAY_MODES = ("pending", "success_after_ms", "immediate", "immediate_fail")
 NOTIFY_MODES = ("once", "twice", "out_of_order", "before_return", "none")
 REFUND_MODES = ("success", "processing", "decline")
 NO_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -292,8 +293,9 @@ class Sim:
             mode = self.pay_mode
             if self.notify_mode == "before_return":
                 mode = "immediate"
-            if mode == "immediate":
-                n = self.set_status_locked(o, "SUCCESS", schedule=self.notify_mode != "before_return")
+            if mode in ("immediate", "immediate_fail"):
+                n = self.set_status_locked(o, "SUCCESS" if mode == "immediate" else "FAILED",
+                                           schedule=self.notify_mode != "before_return")
                 if self.notify_mode == "before_return":
                     deliver_now = n
             elif mode == "success_after_ms":
@@ -690,8 +692,11 @@ class Handler(BaseHTTPRequestHandler):
         if mode == "5xx_before":
             return self.finish_call(rec, Answer(500, {"code": "SYSTEM_ERROR"}))
         if mode == "decline":
-            return self.finish_call(rec, err(int(fault.get("status", 400)),
-                                             fault.get("code", "INVALID_FIELD"), "declined"))
+            code = fault.get("code", "INVALID_FIELD")
+            ans = err(int(fault.get("status", 400)), code, "declined")
+            if code is None:  # a 4xx with no code member
+                ans = Answer(ans.status, {"message": "declined"})
+            return self.finish_call(rec, ans)
         if mode == "reset" and not fault.get("after"):
             rec["status"] = "reset"
             sim.log("%s %s -> reset (before)" % (method, self.path))
@@ -734,9 +739,10 @@ class Handler(BaseHTTPRequestHandler):
                 return self.drop(False)
         if mode == "garbage":
             data = b"<html><body>502 Bad Gateway</body></html"
-            rec["status"] = ans.status
-            sim.log("%s %s -> %d garbage" % (method, self.path, ans.status))
-            return self.send_raw(200, data, sign(sim.secret, data), ctype="text/html")
+            status = int(fault.get("status", 200))
+            rec["status"] = status
+            sim.log("%s %s -> %d garbage" % (method, self.path, status))
+            return self.send_raw(status, data, sign(sim.secret, data), ctype="text/html")
         if mode == "bad_signature":
             data = dumps(ans.body)
             rec["status"] = ans.status
