@@ -240,7 +240,8 @@ class Outcomes(ChannelCase):
                 self.assertEqual(r2.json()["id"], p["id"], name)
                 self.assertEqual(r2.json()["status"], "processing", name)
                 self.assertEqual({c["number"] for c in self.creates()}, {p["id"]}, name)
-                self.assertEqual(list(self.sim.order_map()), [p["id"]], name)
+                live = [n for n, o in self.sim.order_map().items() if not o["tombstone"]]
+                self.assertEqual(live, [p["id"]], name)
                 self.assertTrue(all(c["sig_ok"] for c in self.creates()), name)
                 r3 = m.post("/v1/payments", body, key=key)
                 self.assertEqual((r3.status, r3.body, r3.header("Idempotent-Replayed")),
