@@ -271,6 +271,36 @@ class Outcomes(ChannelCase):
         self.sim.config(faults=[])
         self.assertDeclined(m.post("/v1/payments", body, key=key), "ORDER_CLOSED")
 
+    def test_notification_before_an_unknown_answer(self):
+        """The SUCCESS notification arrives while the create is in flight, and
+        then the create's answer is lost: the payment stays succeeded,
+        credited once, and the retry answers it."""
+        for name, fault in (("5xx_after", {"mode": "5xx_after"}),
+                            ("reset_after", {"mode": "reset", "after": True, "count": 2})):
+            with self.subTest(fault=name):
+                self.sim.reset()
+                self.sim.config(notify_mode="before_return")
+                self.sim.faults(dict(fault, call="create"))
+                m = self.server.new_merchant()
+                key = uid("K")
+                body = self.body(m, 710)
+                r = m.post("/v1/payments", body, key=key)
+                self.assertIn(r.status, (201, 503), r)
+                self.sim.config(faults=[])
+                deliveries = self.sim.notifications()
+                self.assertEqual([d["http_status"] for d in deliveries], [200], name)
+                p = simharness.payment_by_order(m, body["merchant_order_no"])
+                self.assertEqual(p["status"], "succeeded", "%s: %r after the notification"
+                                 % (name, p))
+                self.assertEqual(m.balance(), 710, name)
+                r2 = m.post("/v1/payments", body, key=key)
+                self.assertEqual(r2.status, 201, "%s: %r" % (name, r2))
+                self.assertEqual((r2.json()["id"], r2.json()["status"]), (p["id"], "succeeded"))
+                time.sleep(0.3)
+                self.assertEqual(m.balance(), 710, name)
+                self.check([m], orders=[(m, body["merchant_order_no"])], keys=[(m, key)],
+                           got201=[p["id"]])
+
     def test_slow_within_timeout_is_ok(self):
         self.sim.faults({"call": "create", "mode": "slow", "delay_ms": 400})
         m = self.server.new_merchant()
@@ -548,6 +578,26 @@ class Sweeper(ChannelCase):
         self.assertEqual(res[0].get("code"), "ORDER_CLOSED", res)
         self.assertEqual(self.sim.order_map()[p["id"]]["status"], "CLOSED")
         self.check([m], orders=[(m, body["merchant_order_no"])], keys=[(m, key)])
+
+    def test_found_failed_or_closed(self):
+        for final in ("FAILED", "CLOSED"):
+            with self.subTest(status=final):
+                self.sim.reset()
+                self.sim.config(notify_mode="none")
+                m = self.server.new_merchant()
+                body, key, p = self.lost(m, {"mode": "5xx_after"}, 840)
+                if final == "FAILED":
+                    self.assertEqual(self.sim.pay(p["id"], "FAILED")[0], 200)
+                else:
+                    st, _js = simharness.channel_call(self.sim, self.ch.secret, "POST",
+                                                      "/orders/%s/close" % p["id"], {})
+                    self.assertEqual(st, 200)
+                self.wait_status(m, p["id"], "failed", timeout=10)
+                self.assertEqual(m.balance(), 0)
+                self.check([m], orders=[(m, body["merchant_order_no"])], keys=[(m, key)])
+                r = m.post("/v1/payments", body, key=key)
+                self.assertNotEqual(r.status, 503, r)
+                self.assertEqual(self.sim.order_map()[p["id"]]["status"], final)
 
     def test_query_fails_then_resolves(self):
         self.sim.config(pay_mode="immediate", notify_mode="none")
