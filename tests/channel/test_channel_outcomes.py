@@ -499,6 +499,40 @@ class PoolFull(ChannelCase):
         self.assertTrue(any(r.status == 201 for r in res), codes)
 
 
+class Pool(ChannelCase):
+    """Channel calls run on a bounded pool that keeps its connections."""
+
+    SERVER_KW = {"workers": 2, "queue": 100, "sweep_interval_ms": 300, "sweep_age_ms": 6000}
+    TIMEOUT_MS = 5000
+
+    def test_bounded_concurrency(self):
+        self.sim.faults({"call": "create", "mode": "slow", "delay_ms": 300, "count": -1})
+        m = self.server.new_merchant()
+        res = []
+
+        def go():
+            res.append(m.post("/v1/payments", self.body(m, 100), key=uid("K")))
+
+        ts = [threading.Thread(target=go) for _ in range(8)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(30)
+        self.assertEqual(sorted(r.status for r in res), [201] * 8, res)
+        spans = [(c["t"], c["t_end"]) for c in self.creates()]
+        peak = max(sum(1 for a, b in spans if a <= t < b) for t, _e in spans)
+        self.assertLessEqual(peak, 2, "more channel calls at once than --channel-workers 2")
+        self.assertEqual(peak, 2, "the two workers never worked at once")
+
+    def test_connections_reused(self):
+        m = self.server.new_merchant()
+        for _ in range(12):
+            self.assertEqual(m.post("/v1/payments", self.body(m, 100), key=uid("K")).status, 201)
+        peers = {c["peer"] for c in self.creates()}
+        self.assertLessEqual(len(peers), 2, "12 sequential creates on %d connections: no"
+                             " keep-alive" % len(peers))
+
+
 class Sweeper(ChannelCase):
     """Clients that never come back: the sweeper resolves their payments."""
 

@@ -658,6 +658,7 @@ class Handler(BaseHTTPRequestHandler):
         sim = self.sim
         call, number = self.route(method, path)
         rec = {"time": now_iso(), "t": time.time(), "method": method, "path": self.path,
+               "peer": "%s:%d" % (self.client_address[0], self.client_address[1]),
                "call": call, "request_id": self.headers.get("X-Request-Id"),
                "sig_ok": None, "status": None, "fault": None, "body": None}
         try:
