@@ -533,6 +533,31 @@ class Pool(ChannelCase):
                              " keep-alive" % len(peers))
 
 
+class NotOnHttpThreads(ChannelCase):
+    """One HTTP thread: a slow channel call must not hold it."""
+
+    SERVER_KW = {"extra": ["--threads", "1"], "sweep_interval_ms": 300, "sweep_age_ms": 6000}
+    TIMEOUT_MS = 5000
+
+    def test_http_answers_while_channel_is_slow(self):
+        self.sim.faults({"call": "create", "mode": "slow", "delay_ms": 1500, "count": -1})
+        m = self.server.new_merchant()
+        res = []
+        ts = [threading.Thread(target=lambda: res.append(
+            m.post("/v1/payments", self.body(m, 100), key=uid("K")))) for _ in range(3)]
+        for t in ts:
+            t.start()
+        self.wait_for(lambda: self.creates(), 5, "the creates to reach the channel")
+        t0 = time.monotonic()
+        self.assertEqual(self.server.request("GET", "/healthz").status, 200)
+        self.assertEqual(m.get("/v1/balance").status, 200)
+        took = time.monotonic() - t0
+        for t in ts:
+            t.join(30)
+        self.assertLess(took, 0.8, "GETs waited %.2fs behind channel calls" % took)
+        self.assertEqual(sorted(r.status for r in res), [201] * 3, res)
+
+
 class Sweeper(ChannelCase):
     """Clients that never come back: the sweeper resolves their payments."""
 
