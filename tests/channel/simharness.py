@@ -125,9 +125,12 @@ class Sim:
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read() or b"null")
 
-    def pay(self, out_trade_no, status="SUCCESS"):
+    def pay(self, out_trade_no, status="SUCCESS", amount=None):
         """(http status, body): moves a PENDING order and notifies."""
-        return self._answer("POST", "/_sim/pay/" + out_trade_no, {"status": status})
+        body = {"status": status}
+        if amount is not None:
+            body["amount"] = amount
+        return self._answer("POST", "/_sim/pay/" + out_trade_no, body)
 
     def refund_set(self, out_refund_no, status="SUCCESS"):
         return self._answer("POST", "/_sim/refund/" + out_refund_no, {"status": status})

@@ -206,6 +206,22 @@ class Sweeper(ChannelCase):
                 self.assertNotEqual(r.status, 503, r)
                 self.assertEqual(self.sim.order_map()[p["id"]]["status"], final)
 
+    def test_found_success_other_amount_not_credited(self):
+        """The channel's query says SUCCESS for another amount: like a
+        notification with that amount (422 amount_mismatch), nothing is
+        credited."""
+        self.sim.config(notify_mode="none")
+        m = self.server.new_merchant()
+        body, key, p = self.lost(m, {"mode": "5xx_after"}, 840)
+        self.assertEqual(self.sim.pay(p["id"], "SUCCESS", amount=1)[0], 200)
+        self.wait_for(lambda: [c for c in self.sim.calls() if c["call"] == "query"], 10,
+                      "the sweeper's query")
+        time.sleep(1.0)
+        got = m.payment(p["id"])
+        self.assertEqual(m.balance(), 0, "the sweeper credited %d for a channel that was paid 1"
+                         " (payment now %s)" % (m.balance(), got["status"]))
+        self.assertNotEqual(got["status"], "succeeded")
+
     def test_query_fails_then_resolves(self):
         self.sim.config(pay_mode="immediate", notify_mode="none")
         m = self.server.new_merchant()

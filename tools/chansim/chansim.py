@@ -22,7 +22,8 @@ A control API under /_sim/ (unsigned JSON) drives it from tests:
                                "notify_mode", "refund_mode", "notify_schedule_ms",
                                "notify_timeout_ms", "seed"} (any subset)
     GET  /_sim/config
-    POST /_sim/pay/{no}       {"status": "SUCCESS"|"FAILED"}
+    POST /_sim/pay/{no}       {"status": "SUCCESS"|"FAILED", "amount": N (optional: the
+                               channel reports another amount, a misbehaving channel)}
     POST /_sim/refund/{no}    {"status": "SUCCESS"|"FAILED"}  (a PROCESSING refund)
     GET  /_sim/calls | /_sim/orders | /_sim/refunds | /_sim/notifications
     POST /_sim/reset          forget orders, refunds, calls, faults; modes to defaults
@@ -377,15 +378,19 @@ class Sim:
         heapq.heappush(self.heap, (time.monotonic() + delay_ms / 1000.0, self.counter, n))
         self.heap_cv.notify()
 
-    def pay(self, no, status):
+    def pay(self, no, status, amount=None):
         if status not in ("SUCCESS", "FAILED"):
             raise BadField("status", "SUCCESS or FAILED")
+        if amount is not None and (not is_int(amount) or amount <= 0):
+            raise BadField("amount", "a positive integer")
         with self.lock:
             o = self.orders.get(no)
             if o is None:
                 return err(404, "ORDER_NOT_EXIST")
             if o["status"] != "PENDING":
                 return err(409, "ORDER_NOT_PENDING", "order is " + o["status"])
+            if amount is not None:  # a misbehaving channel: paid another amount
+                o["amount"] = amount
             self.set_status_locked(o, status)
             return Answer(200, self.order_view(o))
 
@@ -778,7 +783,8 @@ class Handler(BaseHTTPRequestHandler):
                 with sim.lock:
                     return self.send_json(200, sim.config_view_locked())
             if method == "POST" and len(parts) == 2 and parts[0] == "pay":
-                ans = sim.pay(urllib.parse.unquote(parts[1]), body.get("status", "SUCCESS"))
+                ans = sim.pay(urllib.parse.unquote(parts[1]), body.get("status", "SUCCESS"),
+                              body.get("amount"))
                 return self.send_json(ans.status, ans.body)
             if method == "POST" and len(parts) == 2 and parts[0] == "refund":
                 ans = sim.refund_set(urllib.parse.unquote(parts[1]), body.get("status", "SUCCESS"))
