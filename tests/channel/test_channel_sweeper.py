@@ -222,6 +222,34 @@ class Sweeper(ChannelCase):
                          " (payment now %s)" % (m.balance(), got["status"]))
         self.assertNotEqual(got["status"], "succeeded")
 
+    def test_create_lands_while_closing(self):
+        """The late create lands between the sweeper's ORDER_NOT_EXIST and its
+        close (answered in time: ORDER_PAID; or too late: unknown): never
+        failed while the channel has it paid."""
+        for name, close_ms, create_ms in (("close_paid", 900, 2000),
+                                          ("close_unknown", 2000, 2500)):
+            with self.subTest(case=name):
+                self.sim.reset()
+                self.sim.config(notify_mode="none", pay_mode="immediate")
+                self.sim.faults({"call": "create", "mode": "slow", "delay_ms": create_ms},
+                                {"call": "close", "mode": "slow", "delay_ms": close_ms})
+                m = self.server.new_merchant()
+                body = self.body(m, 850)
+                key = uid("K")
+                self.assertUnknown(m.post("/v1/payments", body, key=key))
+                pid = simharness.payment_by_order(m, body["merchant_order_no"])["id"]
+                self.wait_for(lambda: [c for c in self.sim.calls()
+                                       if c["call"] == "close" and c.get("t_end")], 10,
+                              "the sweeper's close to be answered")
+                p = self.wait_status(m, pid, ("succeeded", "failed"), timeout=10)
+                o = self.sim.order_map()[pid]
+                if o["status"] == "SUCCESS":
+                    self.assertEqual((p["status"], m.balance()), ("succeeded", 850), name)
+                else:
+                    self.assertEqual((o["status"], p["status"], m.balance()),
+                                     ("CLOSED", "failed", 0), name)
+                self.check([m], orders=[(m, body["merchant_order_no"])], keys=[(m, key)])
+
     def test_query_fails_then_resolves(self):
         self.sim.config(pay_mode="immediate", notify_mode="none")
         m = self.server.new_merchant()
