@@ -99,7 +99,7 @@ class Kill9(unittest.TestCase):
         self.assertGreater(len(acked), 5, "too little load reached idemd before the kill")
 
         self.sim.config(faults=[])
-        s2 = self.start(port=s1.port, db_url=s1.db_url, tmpdir=s1.tmpdir)
+        s2 = self.start(port=s1.port, db_url=s1.db_url)
         ms2 = [m.on(s2) for m in merchants]
         by_id = {m.id: m2 for m, m2 in zip(merchants, ms2)}
         for key, first in acked.items():
@@ -116,7 +116,9 @@ class Kill9(unittest.TestCase):
                 got201=[r.json()["id"] for r in acked.values()],
                 keys=[(by_id[m.id], k) for m, k, _b in sent])
         except AssertionError as e:
-            self.fail("%s\n--- idemd log ---\n%s" % (e, s2.log_tail(40)))
+            runs = simharness.metric(s2, "idem_sweeper_runs_total")
+            self.fail("%s\nsweeper runs in the new idemd: %r\n--- idemd log ---\n%s"
+                      % (e, runs, s2.log_tail(40)))
         # an acknowledged payment's retry replays its answer
         for m, key, body in sent:
             if key in acked:
@@ -124,6 +126,39 @@ class Kill9(unittest.TestCase):
                 self.assertEqual(again.status, 201, again)
                 self.assertEqual(again.json()["id"], acked[key].json()["id"])
         s2.ledger_check()
+        s2.stop_checked()
+
+    def test_kill9_mid_sweep(self):
+        """idemd dies while its sweeper holds the lease (in a slow query): the
+        new instance's sweeper must not wait long for a dead holder."""
+        s1 = self.start()
+        ch = simharness.add_channel(s1, self.sim, timeout_ms=8000)
+        m = s1.new_merchant()
+        self.sim.faults({"call": "create", "mode": "5xx_before"},
+                        {"call": "query", "mode": "slow", "delay_ms": 6000, "count": -1})
+        body = m.payment_body(300, "CNY", ch.name)
+        r = m.post("/v1/payments", body, key=uid("K"))
+        self.assertEqual(r.status, 503, r)
+        end = time.monotonic() + 10
+        while not any(c["call"] == "query" for c in self.sim.calls()):
+            self.assertLess(time.monotonic(), end, "the sweeper never queried")
+            time.sleep(0.05)
+        s1.send_signal(signal.SIGKILL)
+        s1.proc.wait(10)
+        s1.stop()
+        t_kill = time.monotonic()
+        self.sim.config(faults=[])
+        s2 = self.start(port=s1.port, db_url=s1.db_url)
+        m2 = m.on(s2)
+        pid = simharness.payment_by_order(m2, body["merchant_order_no"])["id"]
+        end = time.monotonic() + 20
+        while m2.payment(pid)["status"] == "creating" and time.monotonic() < end:
+            time.sleep(0.2)
+        st = m2.payment(pid)["status"]
+        self.assertEqual(st, "failed", "payment still %s %.0f s after the kill (sweeper runs in the"
+                         " new idemd: %r): a dead instance's sweeper lease blocks sweeping"
+                         % (st, time.monotonic() - t_kill,
+                            simharness.metric(s2, "idem_sweeper_runs_total")))
         s2.stop_checked()
 
 

@@ -6,14 +6,13 @@ one payment (or refund) at a time, against a real idemd (issue 11).
     4xx with a code   -> 402 channel_declined + channel_code, stored, failed
     unknown           -> 503 channel_unavailable + Retry-After, not stored,
                          payment 'creating', a retry sends the same out_trade_no
-    pool full         -> 503 channel_busy
-    sweeper           -> a 'creating' payment is queried; found -> completed;
-                         ORDER_NOT_EXIST -> /close, then failed
-Runs on SQLite, or on $IDEM_TEST_DB_URL (tests/fault/http_on.py)."""
+and the notification modes, refunds, --public-url and bad configuration.
+The pool and the sweeper: test_channel_sweeper.py. Runs on SQLite, or on
+$IDEM_TEST_DB_URL (tests/fault/http_on.py)."""
 
 import os
+import subprocess
 import sys
-import threading
 import time
 import unittest
 
@@ -29,6 +28,9 @@ UNKNOWN_FAULTS = [
     ("reset_before", {"mode": "reset", "count": 2}, False),
     ("reset_after", {"mode": "reset", "after": True, "count": 2}, True),
     ("garbage", {"mode": "garbage"}, True),
+    # a 4xx is a refusal only with a code: a proxy's HTML 404, or JSON with no code
+    ("4xx_html", {"mode": "garbage", "status": 404}, True),
+    ("4xx_no_code", {"mode": "decline", "status": 400, "code": None}, False),
     ("bad_signature", {"mode": "bad_signature"}, True),
     ("timeout_after_create", {"mode": "timeout_after_create", "hold_ms": 2500}, True),
     # slower than the channel's 1 s timeout: the order appears only after idemd gave up
@@ -83,6 +85,24 @@ class Outcomes(ChannelCase):
                       what="the SUCCESS notification acknowledged")
         self.check([m], orders=[(m, body["merchant_order_no"])], got201=[p["id"]])
         self.assertEqual(m.balance(), 500)
+
+    def test_ok_failed_at_once(self):
+        """OK with status FAILED: definite, the payment failed as the status says."""
+        self.sim.config(pay_mode="immediate_fail")
+        m = self.server.new_merchant()
+        key = uid("K")
+        body = self.body(m, 640)
+        r = m.post("/v1/payments", body, key=key)
+        self.assertEqual(r.status, 201, r)
+        self.assertEqual(r.json()["status"], "failed", r)
+        again = m.post("/v1/payments", body, key=key)
+        self.assertEqual((again.status, again.body), (201, r.body))
+        self.wait_for(lambda: any(d["http_status"] == 200 for d in self.sim.notifications()),
+                      what="the FAILED notification acknowledged")
+        self.assertEqual(m.payment(r.json()["id"])["status"], "failed")
+        self.assertEqual(m.balance(), 0)
+        self.check([m], orders=[(m, body["merchant_order_no"])], got201=[r.json()["id"]],
+                   keys=[(m, key)])
 
     def test_ok_after_delay(self):
         self.sim.config(pay_mode="success_after_ms", pay_delay_ms=200)
@@ -218,7 +238,8 @@ class Outcomes(ChannelCase):
                 self.assertEqual(r2.json()["id"], p["id"], name)
                 self.assertEqual(r2.json()["status"], "processing", name)
                 self.assertEqual({c["number"] for c in self.creates()}, {p["id"]}, name)
-                self.assertEqual(list(self.sim.order_map()), [p["id"]], name)
+                live = [n for n, o in self.sim.order_map().items() if not o["tombstone"]]
+                self.assertEqual(live, [p["id"]], name)
                 self.assertTrue(all(c["sig_ok"] for c in self.creates()), name)
                 r3 = m.post("/v1/payments", body, key=key)
                 self.assertEqual((r3.status, r3.body, r3.header("Idempotent-Replayed")),
@@ -228,6 +249,82 @@ class Outcomes(ChannelCase):
                 self.check([m], orders=[(m, body["merchant_order_no"])], got201=[p["id"]],
                            keys=[(m, key)])
                 self.assertEqual(m.balance(), 610)
+
+    def test_declined_answer_with_bad_signature_is_unknown(self):
+        """A 4xx whose signature is wrong is no definite refusal: not stored."""
+        self.sim.faults({"call": "create", "mode": "reset", "count": 2})
+        m = self.server.new_merchant()
+        key = uid("K")
+        body = self.body(m, 260)
+        self.assertUnknown(m.post("/v1/payments", body, key=key))
+        no = self.creates()[0]["number"]
+        st, _js = simharness.channel_call(self.sim, self.ch.secret, "POST",
+                                          "/orders/%s/close" % no, {})
+        self.assertEqual(st, 200)
+        self.sim.faults({"call": "create", "mode": "bad_signature", "count": 2})
+        r = m.post("/v1/payments", body, key=key)
+        self.assertUnknown(r, "409 ORDER_CLOSED with a bad signature")
+        self.assertEqual(simharness.payment_by_order(m, body["merchant_order_no"])["status"],
+                         "creating")
+        self.sim.config(faults=[])
+        self.assertDeclined(m.post("/v1/payments", body, key=key), "ORDER_CLOSED")
+
+    def test_notification_before_an_unknown_answer(self):
+        """The SUCCESS notification arrives while the create is in flight, and
+        then the create's answer is lost: the payment stays succeeded,
+        credited once, and the retry answers it."""
+        for name, fault in (("5xx_after", {"mode": "5xx_after"}),
+                            ("reset_after", {"mode": "reset", "after": True, "count": 2})):
+            with self.subTest(fault=name):
+                self.sim.reset()
+                self.sim.config(notify_mode="before_return")
+                self.sim.faults(dict(fault, call="create"))
+                m = self.server.new_merchant()
+                key = uid("K")
+                body = self.body(m, 710)
+                r = m.post("/v1/payments", body, key=key)
+                self.assertIn(r.status, (201, 503), r)
+                self.sim.config(faults=[])
+                deliveries = self.sim.notifications()
+                self.assertEqual([d["http_status"] for d in deliveries], [200], name)
+                p = simharness.payment_by_order(m, body["merchant_order_no"])
+                self.assertEqual(p["status"], "succeeded", "%s: %r after the notification"
+                                 % (name, p))
+                self.assertEqual(m.balance(), 710, name)
+                r2 = m.post("/v1/payments", body, key=key)
+                self.assertEqual(r2.status, 201, "%s: %r" % (name, r2))
+                self.assertEqual((r2.json()["id"], r2.json()["status"]), (p["id"], "succeeded"))
+                time.sleep(0.3)
+                self.assertEqual(m.balance(), 710, name)
+                self.check([m], orders=[(m, body["merchant_order_no"])], keys=[(m, key)],
+                           got201=[p["id"]])
+
+    def test_secret_rotation(self):
+        """idemctl channel rotate-secret: once the channel signs with the new
+        secret, idemd follows within its config cache (5 s): calls in between
+        are unknown (never refusals), then payments and notifications work."""
+        name = "rot" + simharness.uuid_hex()
+        ch = simharness.add_channel(self.server, self.sim, name=name, timeout_ms=1000)
+        self.addCleanup(self.sim.set_secret, self.ch.secret)  # the class's channel again
+        m = self.server.new_merchant()
+        self.assertEqual(m.post("/v1/payments", self.body(m, 100, channel=name),
+                                key=uid("K")).status, 201)
+        d = simharness.json.loads(self.server.idemctl("--json", "channel", "rotate-secret", name))
+        self.assertNotEqual(d["secret"], ch.secret)
+        self.sim.set_secret(d["secret"])
+        end = time.monotonic() + 8
+        seen = []
+        while True:
+            r = m.post("/v1/payments", self.body(m, 100, channel=name), key=uid("K"))
+            seen.append(r.status)
+            if r.status == 201 or time.monotonic() > end:
+                break
+            self.assertEqual(r.status, 503, r)
+            time.sleep(0.3)
+        self.assertEqual(r.status, 201, "no payment 8 s after the rotation: %s" % seen)
+        pid = r.json()["id"]
+        self.sim.pay(pid, "SUCCESS")
+        self.wait_status(m, pid, "succeeded")
 
     def test_slow_within_timeout_is_ok(self):
         self.sim.faults({"call": "create", "mode": "slow", "delay_ms": 400})
@@ -257,6 +354,16 @@ class Outcomes(ChannelCase):
         self.assertIsNotNone(n, "no idem_channel_calls_total{channel,call=create}")
         self.assertGreaterEqual(n, 1)
         self.assertIsNotNone(simharness.metric(self.server, "idem_channel_queue_depth"))
+        for fault, outcome in (({"mode": "5xx_before"}, "unknown"),
+                               ({"mode": "decline", "code": "X"}, "declined")):
+            before = simharness.metric(self.server, "idem_channel_calls_total",
+                                       channel=self.ch.name, call="create", outcome=outcome) or 0
+            self.sim.faults(dict(fault, call="create"))
+            r = m.post("/v1/payments", self.body(m), key=uid("K"))
+            self.assertIn(r.status, (402, 503), r)
+            after = simharness.metric(self.server, "idem_channel_calls_total",
+                                      channel=self.ch.name, call="create", outcome=outcome)
+            self.assertEqual(after, before + 1, "idem_channel_calls_total outcome=%s" % outcome)
         self.assertIsNotNone(simharness.metric(self.server, "idem_sweeper_runs_total"))
 
     # ---- refunds -------------------------------------------------------
@@ -347,126 +454,46 @@ class Outcomes(ChannelCase):
                 self.assertEqual(m.balance(), 750, name)
 
 
-class PoolFull(ChannelCase):
-    SERVER_KW = {"workers": 1, "queue": 1, "sweep_interval_ms": 300, "sweep_age_ms": 6000}
-    TIMEOUT_MS = 3000
+class PublicUrl(ChannelCase):
+    SERVER_KW = {"public_url": "http://idem.example.invalid:8443/idem/"}
 
-    def test_channel_busy(self):
-        self.sim.faults({"call": "create", "mode": "slow", "delay_ms": 800, "count": -1})
+    def test_notify_url_from_public_url(self):
         m = self.server.new_merchant()
-        res = []
-        lock = threading.Lock()
-
-        def go():
-            r = m.post("/v1/payments", self.body(m, 100), key=uid("K"))
-            with lock:
-                res.append(r)
-
-        ts = [threading.Thread(target=go) for _ in range(6)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join(30)
-        codes = sorted((r.status, (r.json() or {}).get("code")) for r in res)
-        busy = [r for r in res if r.status == 503 and r.json().get("code") == "channel_busy"]
-        self.assertTrue(busy, "no channel_busy with 1 worker, queue 1 and 6 slow calls: %s" % codes)
-        for r in busy:
-            self.assertIsNotNone(r.header("Retry-After"), r)
-        self.assertTrue(any(r.status == 201 for r in res), codes)
+        r = m.post("/v1/payments", self.body(m, 100), key=uid("K"))
+        self.assertEqual(r.status, 201, r)
+        o = self.sim.order_map()[r.json()["id"]]
+        self.assertEqual(o["notify_url"], "http://idem.example.invalid:8443/idem/v1/notifications/"
+                         + self.ch.name)
 
 
-class Sweeper(ChannelCase):
-    """Clients that never come back: the sweeper resolves their payments."""
+class BadConfig(unittest.TestCase):
+    """idemctl channel add and idemd's channel flags refuse bad values clearly."""
 
-    SERVER_KW = {"sweep_interval_ms": 200, "sweep_age_ms": 1500}
+    def test_channel_add_bad_values(self):
+        s = simharness.harness.Server()
+        try:
+            s.start()
+            for args in (["--base-url", "ftp://127.0.0.1:1"], ["--base-url", ""],
+                         ["--base-url", "http://127.0.0.1:1", "--timeout-ms", "0"],
+                         ["--base-url", "http://127.0.0.1:1", "--timeout-ms", "x"],
+                         ["--timeout-ms", "100", "--base-url"]):
+                with self.subTest(args=args):
+                    with self.assertRaises(RuntimeError, msg=args):
+                        s.idemctl("--json", "channel", "add", "bad" + simharness.uuid_hex(),
+                                  *args)
+        finally:
+            s.stop()
+            s.cleanup()
 
-    def lost(self, m, fault, amount=800):
-        self.sim.faults(dict(fault, call="create"))
-        body = self.body(m, amount)
-        key = uid("K")
-        r = m.post("/v1/payments", body, key=key)
-        self.assertUnknown(r)
-        self.sim.config(faults=[])
-        p = simharness.payment_by_order(m, body["merchant_order_no"])
-        self.assertEqual(p["status"], "creating")
-        return body, key, p
-
-    def test_found_pending(self):
-        m = self.server.new_merchant()
-        body, key, p = self.lost(m, {"mode": "reset", "after": True, "count": 2})
-        self.wait_status(m, p["id"], "processing", timeout=10)
-        q = [c for c in self.sim.calls() if c["call"] == "query"]
-        self.assertTrue(q, "the sweeper never queried the channel")
-        self.assertTrue(all(c["sig_ok"] for c in q), q)
-        self.assertEqual(q[0]["number"], p["id"])
-        self.sim.pay(p["id"], "SUCCESS")
-        self.wait_status(m, p["id"], "succeeded")
-        self.check([m], orders=[(m, body["merchant_order_no"])], keys=[(m, key)])
-
-    def test_found_success_no_notification(self):
-        self.sim.config(pay_mode="immediate", notify_mode="none")
-        m = self.server.new_merchant()
-        body, key, p = self.lost(m, {"mode": "5xx_after"}, 820)
-        self.wait_status(m, p["id"], "succeeded", timeout=10)
-        self.assertEqual(m.balance(), 820)
-        self.check([m], orders=[(m, body["merchant_order_no"])], keys=[(m, key)])
-        # the client comes back late: the stored answer
-        r = m.post("/v1/payments", body, key=key)
-        self.assertIn(r.status, (200, 201), r)
-        self.assertEqual(r.json()["status"], "succeeded", r)
-        self.assertEqual(len(self.creates()), 1, "the late retry called the channel again")
-        self.assertEqual(m.balance(), 820)
-
-    def test_not_exist_closed_then_failed(self):
-        m = self.server.new_merchant()
-        body, key, p = self.lost(m, {"mode": "5xx_before"})
-        self.wait_status(m, p["id"], "failed", timeout=10)
-        o = self.sim.order_map().get(p["id"])
-        self.assertIsNotNone(o, "the sweeper failed the payment without closing its number")
-        self.assertEqual(o["status"], "CLOSED")
-        calls = [c["call"] for c in self.sim.calls() if c.get("number") == p["id"]]
-        self.assertIn("query", calls)
-        self.assertIn("close", calls)
-        self.assertLess(calls.index("query"), calls.index("close"))
-        # a create still in flight can never be paid now
-        st, js = simharness.channel_call(self.sim, self.ch.secret, "POST", "/orders",
-                                         {"out_trade_no": p["id"], "amount": 800,
-                                          "currency": "CNY", "notify_url": "http://127.0.0.1:9/",
-                                          "expire_at": None})
-        self.assertEqual((st, js["code"]), (409, "ORDER_CLOSED"))
-        self.check([m], orders=[(m, body["merchant_order_no"])], keys=[(m, key)])
-        n = simharness.metric(self.server, "idem_sweeper_resolved_total")
-        self.assertTrue(n and n >= 1, "idem_sweeper_resolved_total: %r" % n)
-        # the client's late retry does not pay it either
-        r = m.post("/v1/payments", body, key=key)
-        self.assertNotEqual(r.status, 201, r)
-        self.assertEqual(m.balance(), 0)
-
-    def test_create_in_flight_when_swept(self):
-        """The create reaches the channel only after idemd gave up on it and the
-        sweeper found nothing: closed first, so the late create is refused."""
-        m = self.server.new_merchant()
-        body, key, p = self.lost(m, {"mode": "slow", "delay_ms": 4000})
-        self.wait_status(m, p["id"], "failed", timeout=10)
-        self.wait_for(lambda: any(c.get("result") for c in self.creates()), timeout=6,
-                      what="the slow create to finish")
-        res = [c["result"] for c in self.creates()]
-        self.assertEqual(res[0].get("code"), "ORDER_CLOSED", res)
-        self.assertEqual(self.sim.order_map()[p["id"]]["status"], "CLOSED")
-        self.check([m], orders=[(m, body["merchant_order_no"])], keys=[(m, key)])
-
-    def test_query_fails_then_resolves(self):
-        self.sim.config(pay_mode="immediate", notify_mode="none")
-        m = self.server.new_merchant()
-        body, key, p = self.lost(m, {"mode": "reset", "after": True, "count": 2}, 830)
-        self.sim.faults({"call": "query", "mode": "5xx_before", "count": 3})
-        self.wait_status(m, p["id"], "succeeded", timeout=12)
-        self.assertGreaterEqual(len([c for c in self.sim.calls() if c["call"] == "query"]), 4)
-        self.check([m], orders=[(m, body["merchant_order_no"])], keys=[(m, key)])
-
-    def test_sweeper_metrics(self):
-        self.wait_for(lambda: (simharness.metric(self.server, "idem_sweeper_runs_total") or 0) > 0,
-                      what="idem_sweeper_runs_total > 0")
+    def test_idemd_bad_flags(self):
+        for args in (["--channel-workers", "0"], ["--channel-queue", "0"],
+                     ["--sweep-interval-ms", "-1"], ["--public-url", "idem.example:80"]):
+            with self.subTest(args=args):
+                p = subprocess.run([simharness.harness.idemd_path(), "--listen", "127.0.0.1:1",
+                                    "--db", "sqlite::memory:"] + args, capture_output=True,
+                                   timeout=20)
+                self.assertEqual(p.returncode, 2, (args, p.stderr))
+                self.assertIn(args[0].lstrip("-"), p.stderr.decode(), args)
 
 
 if __name__ == "__main__":

@@ -62,6 +62,22 @@ class TwoIdemd(unittest.TestCase):
         work = [{"m": ms[i % 4], "key": uid("K"),
                  "body": ms[i % 4].payment_body(200 + i, "CNY", ch.name), "done": None,
                  "ids": set()} for i in range(PAYMENTS)]
+        # payments whose clients never come back: both sweepers compete for them
+        abandoned = []
+        faults = self.sim.config()["faults"]
+        for i in range(16):
+            m = ms[i % 4] if i % 2 == 0 else ms[i % 4].on(b)
+            body = m.payment_body(900 + i, "CNY", ch.name)
+            self.sim.config(faults=[{"call": "create", "count": 2,
+                                     "mode": "5xx_before" if i % 4 < 2 else "5xx_after"}])
+            key = uid("KA")
+            r = m.post("/v1/payments", body, key=key)
+            self.assertEqual(r.status, 503, r)
+            abandoned.append((ms[i % 4], body["merchant_order_no"], key))
+        self.sim.config(faults=[dict(f, count=-1) for f in faults
+                                if f["call"] != "create"] +
+                        [dict((k, v) for k, v in f.items() if k != "applied")
+                         for f in faults if f["call"] == "create"])
         lock = threading.Lock()
         stop = threading.Event()
         sides = [0, 0]
@@ -82,11 +98,13 @@ class TwoIdemd(unittest.TestCase):
                     continue
                 with lock:
                     sides[side] += 1
-                    if r.status == 201:
+                    # 200: a replay of the record a notification or the sweeper
+                    # completed while the clients were away
+                    if r.status in (200, 201):
                         w["ids"].add(r.json()["id"])
-                    if r.status in (201, 402) and w["done"] is None:
+                    if r.status in (200, 201, 402) and w["done"] is None:
                         w["done"] = r
-                if r.status not in (201, 402):
+                if r.status not in (200, 201, 402):
                     time.sleep(rng.uniform(0.02, 0.1))
 
         threads = [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)]
@@ -107,9 +125,10 @@ class TwoIdemd(unittest.TestCase):
         self.sim.config(faults=[])
         for w in work:
             self.assertLessEqual(len(w["ids"]), 1, "two payment ids for one key: %s" % w["ids"])
-        orders = [(w["m"], w["body"]["merchant_order_no"]) for w in work]
+        orders = [(w["m"], w["body"]["merchant_order_no"]) for w in work] + \
+            [(m, o) for m, o, _k in abandoned]
         got201 = [i for w in work for i in w["ids"]]
-        keys = [(w["m"], w["key"]) for w in work]
+        keys = [(w["m"], w["key"]) for w in work] + [(m, k) for m, _o, k in abandoned]
         for srv in (a, b):
             view = [m.on(srv) for m in ms]
             by = {m.id: m for m in view}
@@ -130,7 +149,22 @@ class TwoIdemd(unittest.TestCase):
                 nos.setdefault(c["body"]["out_trade_no"], set()).add(
                     (c["body"]["amount"], c["body"]["currency"]))
         self.assertTrue(all(len(v) == 1 for v in nos.values()), "one number, two amounts")
-        self.assertLessEqual(len(self.sim.order_map()), PAYMENTS)
+        self.assertLessEqual(len(self.sim.order_map()), PAYMENTS + len(abandoned))
+        for m, o, _k in abandoned:
+            st = simharness.payment_by_order(m, o)["status"]
+            self.assertIn(st, ("failed", "processing", "succeeded"), (o, st))
+        # one sweeper at a time, and each sweeps one call after another: no two
+        # query/close calls (only sweepers make them) ever overlap in time
+        swept = sorted((c["t"], c.get("t_end") or c["t"], c.get("number"))
+                       for c in self.sim.calls() if c["call"] in ("query", "close"))
+        sys.stderr.write("two_idemd: %d sweeper calls\n" % len(swept))
+        self.assertGreater(len(swept), 0, "the sweepers had nothing to do")
+        busy_until, by = 0.0, None
+        for t, e, no in swept:
+            self.assertGreaterEqual(t, busy_until - 0.002, "sweeper calls overlap: %s until %.3f,"
+                                    " %s from %.3f (two sweepers at once?)" % (by, busy_until, no, t))
+            if e > busy_until:
+                busy_until, by = e, no
         runs = [simharness.metric(s, "idem_sweeper_runs_total") or 0 for s in (a, b)]
         sys.stderr.write("two_idemd: sweeper runs A %d, B %d\n" % tuple(runs))
         self.assertGreater(sum(runs), 0, "no sweeper ran")

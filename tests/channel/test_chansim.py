@@ -428,6 +428,19 @@ class ChansimTest(unittest.TestCase):
         self.assertIsNone(self.sim_order(o2["out_trade_no"]))
         self.assertIsNotNone(self.sim_order(o["out_trade_no"]))
 
+    def test_fault_variants(self):
+        self.sim.config(faults=[{"call": "create", "mode": "garbage", "status": 404},
+                                {"call": "create", "mode": "decline", "status": 400, "code": None}])
+        st, js, h, raw = self.call("POST", "/orders", self.order())
+        self.assertEqual((st, js), (404, None))
+        st, js, h, raw = self.call("POST", "/orders", self.order())
+        self.assertEqual(st, 400)
+        self.assertNotIn("code", js)
+        self.sim.config(pay_mode="immediate_fail")
+        st, js, h, raw = self.call("POST", "/orders", self.order())
+        self.assertEqual((st, js["status"]), (200, "FAILED"))
+        self.assertEqual(self.rx.wait(1) and self.rx.bodies()[0]["status"], "FAILED")
+
     def test_fault_count_match_all(self):
         self.sim.config(faults=[{"call": "query", "mode": "5xx_before", "count": -1,
                                  "out_trade_no": "pay_a"}])

@@ -22,7 +22,8 @@ A control API under /_sim/ (unsigned JSON) drives it from tests:
                                "notify_mode", "refund_mode", "notify_schedule_ms",
                                "notify_timeout_ms", "seed"} (any subset)
     GET  /_sim/config
-    POST /_sim/pay/{no}       {"status": "SUCCESS"|"FAILED"}
+    POST /_sim/pay/{no}       {"status": "SUCCESS"|"FAILED", "amount": N (optional: the
+                               channel reports another amount, a misbehaving channel)}
     POST /_sim/refund/{no}    {"status": "SUCCESS"|"FAILED"}  (a PROCESSING refund)
     GET  /_sim/calls | /_sim/orders | /_sim/refunds | /_sim/notifications
     POST /_sim/reset          forget orders, refunds, calls, faults; modes to defaults
@@ -30,7 +31,8 @@ A control API under /_sim/ (unsigned JSON) drives it from tests:
 
 pay_mode: "pending" (default; an order waits for /_sim/pay),
 "success_after_ms" (SUCCESS after pay_delay_ms), "immediate" (the create
-answers SUCCESS). notify_mode: "once" (default), "twice" (every delivery is
+answers SUCCESS), "immediate_fail" (the create answers FAILED: the payer's
+attempt failed at once). notify_mode: "once" (default), "twice" (every delivery is
 sent twice, concurrently), "out_of_order" (after a SUCCESS notification, a
 stale FAILED one with an older notify_id), "before_return" (immediate payment;
 the SUCCESS notification is delivered before the create answer is sent),
@@ -48,9 +50,9 @@ A fault is {"call": "create|query|close|refund|refund_query", "mode": M,
                         does the call first
   slow                  wait delay_ms (1000), then do the call and answer
   bad_signature         do the call, answer with a wrong X-Signature
-  garbage               do the call, answer 200 with an unparsable body
-  decline               answer "status" (400) with {"code": code} (INVALID_FIELD)
-                        without doing the call
+  garbage               do the call, answer "status" (200) with an unparsable body
+  decline               answer "status" (400) with {"code": code} (INVALID_FIELD;
+                        "code": null leaves the member out) without doing the call
 
 Usage: chansim.py --port P [--host 127.0.0.1] [--secret S]
                   [--notify-schedule-ms 15000,15000,...] [--log FILE]
@@ -80,7 +82,7 @@ DEFAULT_SCHEDULE_MS = [15000, 15000, 30000, 180000, 600000, 1200000, 1800000, 18
 CALLS = ("create", "query", "close", "refund", "refund_query")
 FAULT_MODES = ("timeout_after_create", "5xx_before", "5xx_after", "reset", "slow",
                "bad_signature", "garbage", "decline")
-PAY_MODES = ("pending", "success_after_ms", "immediate")
+PAY_MODES = ("pending", "success_after_ms", "immediate", "immediate_fail")
 NOTIFY_MODES = ("once", "twice", "out_of_order", "before_return", "none")
 REFUND_MODES = ("success", "processing", "decline")
 NO_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -292,8 +294,9 @@ class Sim:
             mode = self.pay_mode
             if self.notify_mode == "before_return":
                 mode = "immediate"
-            if mode == "immediate":
-                n = self.set_status_locked(o, "SUCCESS", schedule=self.notify_mode != "before_return")
+            if mode in ("immediate", "immediate_fail"):
+                n = self.set_status_locked(o, "SUCCESS" if mode == "immediate" else "FAILED",
+                                           schedule=self.notify_mode != "before_return")
                 if self.notify_mode == "before_return":
                     deliver_now = n
             elif mode == "success_after_ms":
@@ -375,15 +378,19 @@ class Sim:
         heapq.heappush(self.heap, (time.monotonic() + delay_ms / 1000.0, self.counter, n))
         self.heap_cv.notify()
 
-    def pay(self, no, status):
+    def pay(self, no, status, amount=None):
         if status not in ("SUCCESS", "FAILED"):
             raise BadField("status", "SUCCESS or FAILED")
+        if amount is not None and (not is_int(amount) or amount <= 0):
+            raise BadField("amount", "a positive integer")
         with self.lock:
             o = self.orders.get(no)
             if o is None:
                 return err(404, "ORDER_NOT_EXIST")
             if o["status"] != "PENDING":
                 return err(409, "ORDER_NOT_PENDING", "order is " + o["status"])
+            if amount is not None:  # a misbehaving channel: paid another amount
+                o["amount"] = amount
             self.set_status_locked(o, status)
             return Answer(200, self.order_view(o))
 
@@ -576,7 +583,13 @@ class Handler(BaseHTTPRequestHandler):
             raise ValueError("body too large")
         return self.rfile.read(n) if n else b""
 
+    def rec_end(self):
+        rec = getattr(self, "current", None)
+        if rec is not None and "t_end" not in rec:
+            rec["t_end"] = time.time()
+
     def send_raw(self, status, data, signature=None, ctype="application/json"):
+        self.rec_end()
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(data)))
@@ -593,6 +606,7 @@ class Handler(BaseHTTPRequestHandler):
     def drop(self, rst):
         """Close the connection without an answer (RST when rst)."""
         self.close_connection = True
+        self.rec_end()
         try:
             if rst:
                 self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
@@ -617,6 +631,7 @@ class Handler(BaseHTTPRequestHandler):
         self.dispatch("DELETE")
 
     def dispatch(self, method):
+        self.current = None
         try:
             raw = self.read_body()
         except (ValueError, OSError):
@@ -648,12 +663,14 @@ class Handler(BaseHTTPRequestHandler):
         sim = self.sim
         call, number = self.route(method, path)
         rec = {"time": now_iso(), "t": time.time(), "method": method, "path": self.path,
+               "peer": "%s:%d" % (self.client_address[0], self.client_address[1]),
                "call": call, "request_id": self.headers.get("X-Request-Id"),
                "sig_ok": None, "status": None, "fault": None, "body": None}
         try:
             rec["body"] = json.loads(raw) if raw else None
         except ValueError:
             rec["body"] = raw.decode("utf-8", "replace")
+        self.current = rec
         with sim.lock:
             sim.calls.append(rec)
             secret = sim.secret
@@ -681,8 +698,11 @@ class Handler(BaseHTTPRequestHandler):
         if mode == "5xx_before":
             return self.finish_call(rec, Answer(500, {"code": "SYSTEM_ERROR"}))
         if mode == "decline":
-            return self.finish_call(rec, err(int(fault.get("status", 400)),
-                                             fault.get("code", "INVALID_FIELD"), "declined"))
+            code = fault.get("code", "INVALID_FIELD")
+            ans = err(int(fault.get("status", 400)), code, "declined")
+            if code is None:  # a 4xx with no code member
+                ans = Answer(ans.status, {"message": "declined"})
+            return self.finish_call(rec, ans)
         if mode == "reset" and not fault.get("after"):
             rec["status"] = "reset"
             sim.log("%s %s -> reset (before)" % (method, self.path))
@@ -725,9 +745,10 @@ class Handler(BaseHTTPRequestHandler):
                 return self.drop(False)
         if mode == "garbage":
             data = b"<html><body>502 Bad Gateway</body></html"
-            rec["status"] = ans.status
-            sim.log("%s %s -> %d garbage" % (method, self.path, ans.status))
-            return self.send_raw(200, data, sign(sim.secret, data), ctype="text/html")
+            status = int(fault.get("status", 200))
+            rec["status"] = status
+            sim.log("%s %s -> %d garbage" % (method, self.path, status))
+            return self.send_raw(status, data, sign(sim.secret, data), ctype="text/html")
         if mode == "bad_signature":
             data = dumps(ans.body)
             rec["status"] = ans.status
@@ -737,6 +758,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def finish_call(self, rec, ans):
         rec["status"] = ans.status
+        rec["t_end"] = time.time()
         self.sim.log("%s %s -> %d %s%s" % (rec["method"], rec["path"], ans.status,
                                            ans.body.get("code"),
                                            " (fault %s)" % rec["fault"] if rec["fault"] else ""))
@@ -761,7 +783,8 @@ class Handler(BaseHTTPRequestHandler):
                 with sim.lock:
                     return self.send_json(200, sim.config_view_locked())
             if method == "POST" and len(parts) == 2 and parts[0] == "pay":
-                ans = sim.pay(urllib.parse.unquote(parts[1]), body.get("status", "SUCCESS"))
+                ans = sim.pay(urllib.parse.unquote(parts[1]), body.get("status", "SUCCESS"),
+                              body.get("amount"))
                 return self.send_json(ans.status, ans.body)
             if method == "POST" and len(parts) == 2 and parts[0] == "refund":
                 ans = sim.refund_set(urllib.parse.unquote(parts[1]), body.get("status", "SUCCESS"))
