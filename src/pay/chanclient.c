@@ -331,10 +331,9 @@ static void classify(const pay__chan *ch, answer *a, long status, pay__ch_reply 
 	json_t *code;
 
 	out->http_status = (int)status;
-	/* 401/403: the channel did not take the request as ours (a secret being
+	/* 401: the channel did not take the request as ours (a secret being
 	 * rotated, a misconfiguration): no refusal of the order itself. */
-	if (status >= 500 || status < 200 || (status >= 300 && status < 400) || status == 401 ||
-	    status == 403) {
+	if (status >= 500 || status < 200 || (status >= 300 && status < 400) || status == 401) {
 		unknown(out, "HTTP %ld", status);
 		return;
 	}
@@ -351,6 +350,8 @@ static void classify(const pay__chan *ch, answer *a, long status, pay__ch_reply 
 	snprintf(out->code, sizeof(out->code), "%s", json_string_value(code));
 	if (status < 300 && strcmp(out->code, "OK") == 0)
 		out->outcome = PAY__CH_OK;
+	else if (strcmp(out->code, "SIGN_ERROR") == 0)
+		unknown(out, "HTTP %ld: the channel refused our signature", status);
 	else if (status >= 400 && status < 500 && strcmp(out->code, "OK") != 0 && out->code[0])
 		out->outcome = PAY__CH_DECLINED;
 	else
