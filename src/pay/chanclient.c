@@ -331,7 +331,10 @@ static void classify(const pay__chan *ch, answer *a, long status, pay__ch_reply 
 	json_t *code;
 
 	out->http_status = (int)status;
-	if (status >= 500 || status < 200 || (status >= 300 && status < 400)) {
+	/* 401/403: the channel did not take the request as ours (a secret being
+	 * rotated, a misconfiguration): no refusal of the order itself. */
+	if (status >= 500 || status < 200 || (status >= 300 && status < 400) || status == 401 ||
+	    status == 403) {
 		unknown(out, "HTTP %ld", status);
 		return;
 	}

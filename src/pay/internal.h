@@ -83,18 +83,40 @@ int pay__reject(idem_result *out, int status, const char *code, const char *deta
 
 typedef enum { F_STRING, F_INT, F_OBJECT } pay__ftype;
 
+/* What a present field's value must be; each has one message. */
+typedef enum {
+	V_ANY,
+	V_NATURAL_KEY, /* 1..64 of A-Z a-z 0-9 _ - . (idem_natural_key_validate) */
+	V_ID,          /* an id of ours: the same syntax, "is malformed" */
+	V_AMOUNT,      /* 1..10^15 minor units */
+	V_CURRENCY,    /* three upper-case letters */
+	V_CHANNEL,     /* a channel name: 1..32 of a-z 0-9 _ - */
+	V_TEXT255,     /* at most 255 bytes */
+	V_NOTIFY_STATUS, /* SUCCESS, FAILED or CLOSED */
+} pay__rule;
+
+/*
+ * One member of a write request's body: its type, whether it must be there,
+ * its rule, and whether it is the natural key (the idempotency key when no
+ * Idempotency-Key header came; required either way). A request's fields are
+ * one table, checked in its order.
+ */
 typedef struct {
 	const char *name;
 	pay__ftype type;
 	int required;
+	pay__rule rule;
+	int natural;
 } pay__field;
 
 /*
  * Parse a write request's body as a JSON object whose members are all in
  * fields, of the right types, with the required ones present; a malformed
  * Idempotency-Key is rejected after the JSON syntax and before the fields
- * (the documented order of checks). On failure *doc is NULL and out holds
- * the 400 answer; returns 0 either way, negative only on a hard error.
+ * (the documented order of checks). Then the natural key: absent with no
+ * Idempotency-Key, 400 missing_idempotency_key; then each present field's
+ * rule, in table order. On failure *doc is NULL and out holds the 400
+ * answer; returns 0 either way, negative only on a hard error.
  */
 int pay__parse_request(json_t **doc, idem_result *out, const idem_pay_request *rq,
                        const pay__field *fields, size_t nfields);

@@ -108,15 +108,16 @@ done:
 }
 
 static const pay__field notify_fields[] = {
-    {"notify_id", F_STRING, 0}, {"payment_id", F_STRING, 1}, {"channel_txn_id", F_STRING, 1},
-    {"status", F_STRING, 1},    {"amount", F_INT, 1},
+    {"notify_id", F_STRING, 0, V_NATURAL_KEY, 1},  {"channel_txn_id", F_STRING, 1, V_NATURAL_KEY, 0},
+    {"payment_id", F_STRING, 1, V_ID, 0},          {"status", F_STRING, 1, V_NOTIFY_STATUS, 0},
+    {"amount", F_INT, 1, V_AMOUNT, 0},
 };
 
 void idem_pay_notify_async(idem_pay *pay, const idem_pay_request *rq, idem_done_fn done,
                            void *done_ctx)
 {
 	pay__op *c = pay__op_new(pay, rq, done, done_ctx);
-	const char *notify_id, *status, *txn_id, *payment_id;
+	const char *notify_id;
 	idem_result *out;
 	int rc;
 
@@ -130,29 +131,7 @@ void idem_pay_notify_async(idem_pay *pay, const idem_pay_request *rq, idem_done_
 		return;
 	}
 	notify_id = pay__str(c->doc, "notify_id");
-	status = pay__str(c->doc, "status");
-	txn_id = pay__str(c->doc, "channel_txn_id");
-	payment_id = pay__str(c->doc, "payment_id");
-	if (!notify_id && !rq->key)
-		rc = pay__reject(out, 400, "missing_idempotency_key",
-		                 "send an Idempotency-Key header or a notify_id");
-	else if (!notify_id || idem_natural_key_validate(notify_id, strlen(notify_id)) < 0)
-		rc = pay__reject(out, 400, "invalid_request",
-		                 "'notify_id' must be 1..64 of A-Z a-z 0-9 _ - .");
-	else if (idem_natural_key_validate(txn_id, strlen(txn_id)) < 0)
-		rc = pay__reject(out, 400, "invalid_request",
-		                 "'channel_txn_id' must be 1..64 of A-Z a-z 0-9 _ - .");
-	else if (idem_natural_key_validate(payment_id, strlen(payment_id)) < 0)
-		rc = pay__reject(out, 400, "invalid_request", "'payment_id' is malformed");
-	else if (strcmp(status, "SUCCESS") != 0 && strcmp(status, "FAILED") != 0 &&
-	         strcmp(status, "CLOSED") != 0)
-		rc = pay__reject(out, 400, "invalid_request",
-		                 "'status' must be SUCCESS, FAILED or CLOSED");
-	else if (!pay__valid_amount(pay__int(c->doc, "amount")))
-		rc = pay__reject(out, 400, "invalid_request",
-		                 "'amount' must be an integer from 1 to 10^15 minor units");
-	else if ((rc = pay__fingerprint(c->fp, rq, c->doc)) ==
-	         0) {
+	if ((rc = pay__fingerprint(c->fp, rq, c->doc)) == 0) {
 		pay__start(c, "notification", notify_id, pay->opts.notification_ttl_ms, notify_work,
 		           NULL, 0);
 		return;

@@ -237,8 +237,12 @@ static void call_mock_channel(idem_pay *pay)
 }
 
 static const pay__field payment_fields[] = {
-    {"merchant_order_no", F_STRING, 0}, {"amount", F_INT, 1},         {"currency", F_STRING, 1},
-    {"channel", F_STRING, 1},           {"description", F_STRING, 0}, {"metadata", F_OBJECT, 0},
+    {"merchant_order_no", F_STRING, 0, V_NATURAL_KEY, 1},
+    {"amount", F_INT, 1, V_AMOUNT, 0},
+    {"currency", F_STRING, 1, V_CURRENCY, 0},
+    {"channel", F_STRING, 1, V_CHANNEL, 0},
+    {"description", F_STRING, 0, V_TEXT255, 0},
+    {"metadata", F_OBJECT, 0, V_ANY, 0},
 };
 
 void idem_pay_create_payment_async(idem_pay *pay, const idem_pay_request *rq, idem_done_fn done,
@@ -246,7 +250,7 @@ void idem_pay_create_payment_async(idem_pay *pay, const idem_pay_request *rq, id
 {
 	pay__op *c = pay__op_new(pay, rq, done, done_ctx);
 	idem_result *out;
-	const char *order_no, *desc;
+	const char *order_no;
 	int rc;
 
 	if (!c)
@@ -259,28 +263,7 @@ void idem_pay_create_payment_async(idem_pay *pay, const idem_pay_request *rq, id
 		return;
 	}
 	order_no = pay__str(c->doc, "merchant_order_no");
-	desc = pay__str(c->doc, "description");
-	if (!order_no && !rq->key)
-		rc = pay__reject(out, 400, "missing_idempotency_key",
-		                 "send an Idempotency-Key header or a merchant_order_no");
-	else if (!order_no)
-		rc = pay__reject(out, 400, "invalid_request", "'merchant_order_no' is required");
-	else if (idem_natural_key_validate(order_no, strlen(order_no)) < 0)
-		rc = pay__reject(out, 400, "invalid_request",
-		                 "'merchant_order_no' must be 1..64 of A-Z a-z 0-9 _ - .");
-	else if (!pay__valid_amount(pay__int(c->doc, "amount")))
-		rc = pay__reject(out, 400, "invalid_request",
-		                 "'amount' must be an integer from 1 to 10^15 minor units");
-	else if (!pay__valid_currency(pay__str(c->doc, "currency")))
-		rc = pay__reject(out, 400, "invalid_request",
-		                 "'currency' must be three upper-case letters");
-	else if (!pay__valid_channel_name(pay__str(c->doc, "channel")))
-		rc = pay__reject(out, 400, "invalid_request",
-		                 "'channel' must be 1..32 of a-z 0-9 _ -");
-	else if (desc && strlen(desc) > 255)
-		rc = pay__reject(out, 400, "invalid_request",
-		                 "'description' must be at most 255 bytes");
-	else if ((rc = pay__fingerprint(c->fp, rq, c->doc)) == 0) {
+	if ((rc = pay__fingerprint(c->fp, rq, c->doc)) == 0) {
 		pay__chan ch;
 		int found = 0;
 

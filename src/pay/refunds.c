@@ -227,17 +227,17 @@ static int refund_work(idem_txn *txn, void *vctx, idem_response *resp)
 static int start_on_channel(pay__op *op);
 
 static const pay__field refund_fields[] = {
-    {"refund_request_no", F_STRING, 0},
-    {"payment_id", F_STRING, 1},
-    {"amount", F_INT, 1},
-    {"reason", F_STRING, 0},
+    {"refund_request_no", F_STRING, 0, V_NATURAL_KEY, 1},
+    {"payment_id", F_STRING, 1, V_ID, 0},
+    {"amount", F_INT, 1, V_AMOUNT, 0},
+    {"reason", F_STRING, 0, V_TEXT255, 0},
 };
 
 void idem_pay_refund_async(idem_pay *pay, const idem_pay_request *rq, idem_done_fn done,
                            void *done_ctx)
 {
 	pay__op *c = pay__op_new(pay, rq, done, done_ctx);
-	const char *no, *payment_id, *reason;
+	const char *no;
 	idem_result *out;
 	int rc;
 
@@ -251,23 +251,7 @@ void idem_pay_refund_async(idem_pay *pay, const idem_pay_request *rq, idem_done_
 		return;
 	}
 	no = pay__str(c->doc, "refund_request_no");
-	payment_id = pay__str(c->doc, "payment_id");
-	reason = pay__str(c->doc, "reason");
-	if (!no && !rq->key)
-		rc = pay__reject(out, 400, "missing_idempotency_key",
-		                 "send an Idempotency-Key header or a refund_request_no");
-	else if (!no || idem_natural_key_validate(no, strlen(no)) < 0)
-		rc = pay__reject(out, 400, "invalid_request",
-		                 "'refund_request_no' must be 1..64 of A-Z a-z 0-9 _ - .");
-	else if (idem_natural_key_validate(payment_id, strlen(payment_id)) < 0)
-		rc = pay__reject(out, 400, "invalid_request", "'payment_id' is malformed");
-	else if (!pay__valid_amount(pay__int(c->doc, "amount")))
-		rc = pay__reject(out, 400, "invalid_request",
-		                 "'amount' must be an integer from 1 to 10^15 minor units");
-	else if (reason && strlen(reason) > 255)
-		rc = pay__reject(out, 400, "invalid_request", "'reason' must be at most 255 bytes");
-	else if ((rc = pay__fingerprint(c->fp, rq, c->doc)) ==
-	         0) {
+	if ((rc = pay__fingerprint(c->fp, rq, c->doc)) == 0) {
 		if (start_on_channel(c))
 			return;
 		pay__start(c, "refund", no, pay->opts.ttl_ms, refund_work, NULL, 1);

@@ -94,7 +94,7 @@ typedef struct {
 	char merchant[IDEM_PAY_ID_SIZE];
 	char channel[IDEM_PAY_CHANNEL_MAX + 1];
 	char key[IDEM_KEY_MAX + 1];
-	int64_t updated_at;
+	int64_t updated_at, amount;
 } cand;
 
 typedef struct {
@@ -107,7 +107,7 @@ static int read_cand(void *ctx, const idem_value *col, int n)
 	cands *l = ctx;
 	cand *c;
 
-	if (n != 5)
+	if (n != 6)
 		return idem__error(IDEM_ESTORE, "sweeper row has %d columns", n);
 	if (l->n >= SWEEP_BATCH)
 		return 0;
@@ -117,6 +117,7 @@ static int read_cand(void *ctx, const idem_value *col, int n)
 	pay__col_text(c->channel, sizeof(c->channel), &col[2]);
 	pay__col_text(c->key, sizeof(c->key), &col[3]);
 	c->updated_at = col[4].i;
+	c->amount = col[5].i;
 	return 0;
 }
 
@@ -218,7 +219,13 @@ static int sweep_one(idem_pay *pay, CURL *h, const cand *c, int64_t now)
 		const char *no = json_string_value(json_object_get(q.doc, "out_trade_no"));
 		const char *st = json_string_value(json_object_get(q.doc, "status"));
 
+		json_t *amount = json_object_get(q.doc, "amount");
+
 		if (!no || strcmp(no, c->id) != 0 || !valid_status(st))
+			goto done;
+		/* An order of another amount is not this payment's: never credit it
+		 * (as a notification would be refused 422); reconciliation's case. */
+		if (amount && (!json_is_integer(amount) || json_integer_value(amount) != c->amount))
 			goto done;
 		r.status = st;
 		r.txn_id = json_string_value(json_object_get(q.doc, "channel_txn_id"));
@@ -261,13 +268,14 @@ static int settle_orphans(idem_pay *pay, int64_t now, int *resolved)
 
 	if (!buf)
 		return idem__error(IDEM_ENOMEM, "out of memory");
-	rc = idem_store_query(pay->store,
-	                      "SELECT p.id, p.merchant_id, p.channel, p.idem_key, p.updated_at"
-	                      " FROM payments p JOIN idem_records r ON r.scope = p.merchant_id"
-	                      " AND r.business_type = 'payment' AND r.idem_key = p.idem_key"
-	                      " WHERE r.status = 'PROCESSING' AND r.lease_until <= ?"
-	                      " AND p.status <> 'creating' LIMIT 100",
-	                      v, 1, read_cand, &l);
+	rc = idem_store_query(
+	    pay->store,
+	    "SELECT p.id, p.merchant_id, p.channel, p.idem_key, p.updated_at, p.amount"
+	    " FROM payments p JOIN idem_records r ON r.scope = p.merchant_id"
+	    " AND r.business_type = 'payment' AND r.idem_key = p.idem_key"
+	    " WHERE r.status = 'PROCESSING' AND r.lease_until <= ?"
+	    " AND p.status <> 'creating' LIMIT 100",
+	    v, 1, read_cand, &l);
 	for (int i = 0; rc == 0 && i < l.n; i++) {
 		resolve r = {pay, &l.c[i], "", NULL, NULL};
 
@@ -466,7 +474,7 @@ int idem_pay_sweep(idem_pay *pay, int64_t age_ms, int *ran, int *resolved)
 
 		rc = idem_store_query(
 		    pay->store,
-		    "SELECT id, merchant_id, channel, idem_key, updated_at FROM payments"
+		    "SELECT id, merchant_id, channel, idem_key, updated_at, amount FROM payments"
 		    " WHERE status = 'creating' AND updated_at <= ? AND NOT EXISTS ("
 		    "SELECT 1 FROM idem_records r WHERE r.scope = payments.merchant_id"
 		    " AND r.business_type = 'payment' AND r.idem_key = payments.idem_key"
