@@ -11,10 +11,8 @@ The pool and the sweeper: test_channel_sweeper.py. Runs on SQLite, or on
 $IDEM_TEST_DB_URL (tests/fault/http_on.py)."""
 
 import os
-import subprocess
 import sys
 import time
-import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import simharness  # noqa: E402
@@ -299,33 +297,6 @@ class Outcomes(ChannelCase):
                 self.check([m], orders=[(m, body["merchant_order_no"])], keys=[(m, key)],
                            got201=[p["id"]])
 
-    def test_secret_rotation(self):
-        """idemctl channel rotate-secret: once the channel signs with the new
-        secret, idemd follows within its config cache (5 s): calls in between
-        are unknown (never refusals), then payments and notifications work."""
-        name = "rot" + simharness.uuid_hex()
-        ch = simharness.add_channel(self.server, self.sim, name=name, timeout_ms=1000)
-        self.addCleanup(self.sim.set_secret, self.ch.secret)  # the class's channel again
-        m = self.server.new_merchant()
-        self.assertEqual(m.post("/v1/payments", self.body(m, 100, channel=name),
-                                key=uid("K")).status, 201)
-        d = simharness.json.loads(self.server.idemctl("--json", "channel", "rotate-secret", name))
-        self.assertNotEqual(d["secret"], ch.secret)
-        self.sim.set_secret(d["secret"])
-        end = time.monotonic() + 8
-        seen = []
-        while True:
-            r = m.post("/v1/payments", self.body(m, 100, channel=name), key=uid("K"))
-            seen.append(r.status)
-            if r.status == 201 or time.monotonic() > end:
-                break
-            self.assertEqual(r.status, 503, r)
-            time.sleep(0.3)
-        self.assertEqual(r.status, 201, "no payment 8 s after the rotation: %s" % seen)
-        pid = r.json()["id"]
-        self.sim.pay(pid, "SUCCESS")
-        self.wait_status(m, pid, "succeeded")
-
     def test_slow_within_timeout_is_ok(self):
         self.sim.faults({"call": "create", "mode": "slow", "delay_ms": 400})
         m = self.server.new_merchant()
@@ -452,48 +423,6 @@ class Outcomes(ChannelCase):
                                  {r2.json()["id"]}, name)
                 self.assertEqual(len(self.sim.refunds()), 1, name)
                 self.assertEqual(m.balance(), 750, name)
-
-
-class PublicUrl(ChannelCase):
-    SERVER_KW = {"public_url": "http://idem.example.invalid:8443/idem/"}
-
-    def test_notify_url_from_public_url(self):
-        m = self.server.new_merchant()
-        r = m.post("/v1/payments", self.body(m, 100), key=uid("K"))
-        self.assertEqual(r.status, 201, r)
-        o = self.sim.order_map()[r.json()["id"]]
-        self.assertEqual(o["notify_url"], "http://idem.example.invalid:8443/idem/v1/notifications/"
-                         + self.ch.name)
-
-
-class BadConfig(unittest.TestCase):
-    """idemctl channel add and idemd's channel flags refuse bad values clearly."""
-
-    def test_channel_add_bad_values(self):
-        s = simharness.harness.Server()
-        try:
-            s.start()
-            for args in (["--base-url", "ftp://127.0.0.1:1"], ["--base-url", ""],
-                         ["--base-url", "http://127.0.0.1:1", "--timeout-ms", "0"],
-                         ["--base-url", "http://127.0.0.1:1", "--timeout-ms", "x"],
-                         ["--timeout-ms", "100", "--base-url"]):
-                with self.subTest(args=args):
-                    with self.assertRaises(RuntimeError, msg=args):
-                        s.idemctl("--json", "channel", "add", "bad" + simharness.uuid_hex(),
-                                  *args)
-        finally:
-            s.stop()
-            s.cleanup()
-
-    def test_idemd_bad_flags(self):
-        for args in (["--channel-workers", "0"], ["--channel-queue", "0"],
-                     ["--sweep-interval-ms", "-1"], ["--public-url", "idem.example:80"]):
-            with self.subTest(args=args):
-                p = subprocess.run([simharness.harness.idemd_path(), "--listen", "127.0.0.1:1",
-                                    "--db", "sqlite::memory:"] + args, capture_output=True,
-                                   timeout=20)
-                self.assertEqual(p.returncode, 2, (args, p.stderr))
-                self.assertIn(args[0].lstrip("-"), p.stderr.decode(), args)
 
 
 if __name__ == "__main__":
