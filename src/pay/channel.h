@@ -111,6 +111,8 @@ int pay__refund_apply_status(idem_pay *pay, idem_txn *txn, const char *merchant,
                              const char *status, const char *channel_refund_id, int *changed);
 /* 201 with refund id of merchant as it stands now. */
 int pay__refund_answer(idem_txn *txn, const char *merchant, const char *id, idem_response *resp);
+/* Keep the channel's refusal code on refund id. */
+int pay__refund_set_code(idem_txn *txn, const char *id, const char *code);
 char *pay__refund_body(const char *refund_id, const char *payment_id, int64_t amount);
 
 /* Fail payment id (still 'creating') with the channel's refusal code. */

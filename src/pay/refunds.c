@@ -83,6 +83,53 @@ static int answer_row(idem_response *resp, int status, const refund_row *r)
 	return rc;
 }
 
+typedef struct {
+	char key[IDEM_KEY_MAX + 1];
+	char code[64];
+} key_code;
+
+static int read_key_code(void *ctx, const idem_value *c, int n)
+{
+	key_code *k = ctx;
+
+	if (n != 2)
+		return idem__error(IDEM_ESTORE, "refund row has %d columns", n);
+	pay__col_text(k->key, sizeof(k->key), &c[0]);
+	pay__col_text(k->code, sizeof(k->code), &c[1]);
+	return 1;
+}
+
+/*
+ * A channel refund resolved since this key's last attempt (the sweeper, after
+ * a 503 released the claim): the retry gets the answer the first attempt
+ * would have had, 201 with the refund or the 402 of the channel's refusal.
+ * 1 when answered; 0 when the refund is another request's (the backstop).
+ */
+static int own_refund(idem_txn *txn, pay__op *c, const refund_row *r, idem_response *resp)
+{
+	key_code k = {"", ""};
+	idem_value v[1] = {IDEM_V_TEXT(r->id)};
+	int rc;
+
+	if ((rc = idem_txn_query(txn, "SELECT idem_key, channel_code FROM refunds WHERE id = ?", v,
+	                         1, read_key_code, &k)) < 0)
+		return rc;
+	if (strlen(k.key) != c->req.key_len || memcmp(k.key, c->req.key, c->req.key_len) != 0)
+		return 0;
+	if (strcmp(r->status, "failed") == 0 && k.code[0])
+		rc = pay__declined_problem(resp, k.code);
+	else
+		rc = answer_row(resp, 201, r);
+	return rc < 0 ? rc : 1;
+}
+
+int pay__refund_set_code(idem_txn *txn, const char *id, const char *code)
+{
+	idem_value v[2] = {IDEM_V_TEXT(code), IDEM_V_TEXT(id)};
+
+	return idem_txn_exec(txn, "UPDATE refunds SET channel_code = ? WHERE id = ?", v, 2, NULL);
+}
+
 /*
  * Every check, then the refund row, the payment's refunded amount and the
  * debit, under the merchant's lock. to_channel: the row is 'creating' (the
@@ -118,6 +165,11 @@ static int reserve(idem_txn *txn, pay__op *c, idem_response *resp, int to_channe
 		    strcmp(r.status, "creating") == 0) {
 			memcpy(id_out, r.id, IDEM_PAY_ID_SIZE); /* the same out_refund_no again */
 			rc = 0;
+			goto done;
+		}
+		if (to_channel && strcmp(r.fingerprint, c->fp) == 0 &&
+		    (rc = own_refund(txn, c, &r, resp)) != 0) {
+			rc = rc < 0 ? rc : 0; /* this key's own refund: its answer */
 			goto done;
 		}
 		if (strcmp(r.fingerprint, c->fp) == 0) {
@@ -385,7 +437,8 @@ static int refund_declined_work(idem_txn *txn, void *ctx, idem_response *resp)
 	int changed = 0, rc;
 
 	if ((rc = pay__refund_apply_status(j->op->pay, txn, j->op->rq->caller, j->refund_id,
-	                                   "FAILED", NULL, &changed)) < 0)
+	                                   "FAILED", NULL, &changed)) < 0 ||
+	    (rc = pay__refund_set_code(txn, j->refund_id, j->reply.code)) < 0)
 		return rc;
 	return pay__declined_problem(resp, j->reply.code);
 }

@@ -22,8 +22,12 @@
 #include "util/rand.h"
 
 #define SWEEP_BATCH 100
-#define LEASE_MS    60000
-#define LEASE_NAME  "channels"
+/* Short, and renewed before each payment: a dead holder blocks sweeping for
+ * at most this long. A call slower than it may let a second instance in;
+ * every step is idempotent at the channel and conditional here, so that
+ * costs a repeated query, never a second effect. */
+#define LEASE_MS   10000
+#define LEASE_NAME "channels"
 
 struct pay__sweeper {
 	pthread_t thread;
@@ -343,7 +347,8 @@ static int rresolve_step(idem_txn *txn, void *ctx)
 
 	r->done = 0;
 	if ((rc = pay__refund_apply_status(r->pay, txn, r->c->merchant, r->c->id, r->status,
-	                                   r->channel_refund_id, &changed)) < 0)
+	                                   r->channel_refund_id, &changed)) < 0 ||
+	    (r->declined && changed && (rc = pay__refund_set_code(txn, r->c->id, r->declined)) < 0))
 		return rc;
 	if (r->c->key[0]) {
 		rc = r->declined ? pay__declined_problem(&resp, r->declined)
@@ -483,7 +488,13 @@ int idem_pay_sweep(idem_pay *pay, int64_t age_ms, int *ran, int *resolved)
 		    v, 2, read_cand, &list);
 	}
 	for (int i = 0; rc == 0 && i < list.n; i++) {
-		int n = sweep_one(pay, h, &list.c[i], pay__now(pay));
+		int n;
+
+		l.now = pay__now(pay);
+		l.until = l.now + LEASE_MS;
+		if ((rc = idem_store_transact(pay->store, lease_step, &l)) < 0 || !l.held)
+			goto release; /* lost it: whoever holds it now goes on */
+		n = sweep_one(pay, h, &list.c[i], pay__now(pay));
 
 		if (resolved)
 			*resolved += n;

@@ -192,6 +192,7 @@ static const char *const migration_4[] = {
     "ALTER TABLE refunds ADD COLUMN IF NOT EXISTS idem_key VARCHAR(255) CHARACTER SET utf8mb4"
     " COLLATE utf8mb4_nopad_bin NULL",
     "ALTER TABLE refunds ADD COLUMN IF NOT EXISTS updated_at BIGINT NULL",
+    "ALTER TABLE refunds ADD COLUMN IF NOT EXISTS channel_code VARCHAR(64) NULL",
     "CREATE INDEX IF NOT EXISTS refunds_status ON refunds (status, updated_at)",
     "CREATE TABLE IF NOT EXISTS sweeper_lease ("
     " name VARCHAR(64) NOT NULL PRIMARY KEY,"

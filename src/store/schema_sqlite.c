@@ -191,6 +191,7 @@ const char *const idem__sqlite_migrations[] = {
     "ALTER TABLE refunds ADD COLUMN channel_refund_id TEXT;"
     "ALTER TABLE refunds ADD COLUMN idem_key TEXT;"
     "ALTER TABLE refunds ADD COLUMN updated_at INTEGER;"
+    "ALTER TABLE refunds ADD COLUMN channel_code TEXT;"
     "CREATE INDEX refunds_status ON refunds (status, updated_at);"
     "CREATE TABLE sweeper_lease ("
     " name TEXT PRIMARY KEY,"
