@@ -137,18 +137,52 @@ int pay__backstop(idem_response *resp, json_t *existing, const char *existing_id
 	return rc;
 }
 
+/* The order number exists under another idempotency key: the backstop. */
+static int order_exists(idem_txn *txn, pay__op *c, idem_response *resp)
+{
+	pay__payment p = {0};
+	json_t *obj = NULL;
+	int rc;
+
+	rc = pay__payment_load_by_order(c->pay, txn, &p, c->rq->caller,
+	                                pay__str(c->doc, "merchant_order_no"));
+	if (rc == 0 && !p.found)
+		rc = idem__error(IDEM_ERETRY, "conflicting payment vanished");
+	else if (rc == 0 && !(obj = pay__payment_object(&p)))
+		rc = idem__error(IDEM_ENOMEM, "out of memory");
+	else if (rc == 0)
+		rc = pay__backstop(resp, obj, p.id, p.fingerprint, c->fp, "payment");
+	json_decref(obj);
+	pay__payment_clear(&p);
+	return rc;
+}
+
+/* The new payment's row, as inserted, with meta_text taken over. */
+static void new_row(pay__payment *p, pay__op *c, char *meta_text, int64_t now)
+{
+	json_t *d = c->doc;
+
+	snprintf(p->merchant_id, sizeof(p->merchant_id), "%s", c->rq->caller);
+	snprintf(p->order_no, sizeof(p->order_no), "%s", pay__str(d, "merchant_order_no"));
+	p->amount = pay__int(d, "amount");
+	snprintf(p->currency, sizeof(p->currency), "%s", pay__str(d, "currency"));
+	snprintf(p->channel, sizeof(p->channel), "%s", pay__str(d, "channel"));
+	snprintf(p->status, sizeof(p->status), "processing");
+	p->created_at = p->updated_at = now;
+	p->metadata = meta_text;
+}
+
 static int create_payment_work(idem_txn *txn, void *vctx, idem_response *resp)
 {
 	pay__op *c = vctx;
 	json_t *d = c->doc, *meta = json_object_get(d, "metadata"), *obj = NULL;
-	const char *channel = pay__str(d, "channel");
+	const char *channel = pay__str(d, "channel"), *desc = pay__str(d, "description");
 	char *meta_text = NULL;
 	pay__payment p = {0};
 	int64_t now = pay__now(c->pay);
 	int rc, known = 0;
 
-	rc = pay__channel_exists(c->pay, txn, channel, &known);
-	if (rc < 0)
+	if ((rc = pay__channel_exists(c->pay, txn, channel, &known)) < 0)
 		goto done;
 	if (!known) {
 		resp->persist = 0; /* a validation error: not stored */
@@ -162,7 +196,6 @@ static int create_payment_work(idem_txn *txn, void *vctx, idem_response *resp)
 		goto done;
 	}
 	{
-		const char *desc = pay__str(d, "description");
 		idem_value v[11] = {
 		    IDEM_V_TEXT(p.id),
 		    IDEM_V_TEXT(c->rq->caller),
@@ -186,43 +219,20 @@ static int create_payment_work(idem_txn *txn, void *vctx, idem_response *resp)
 		    v, 11, NULL);
 	}
 	if (rc == IDEM_ECONFLICT) {
-		/* The order number exists under another idempotency key. */
-		rc = pay__payment_load_by_order(c->pay, txn, &p, c->rq->caller,
-		                                pay__str(d, "merchant_order_no"));
-		if (rc < 0)
-			goto done;
-		if (!p.found) {
-			rc = idem__error(IDEM_ERETRY, "conflicting payment vanished");
-			goto done;
-		}
-		if (!(obj = pay__payment_object(&p))) {
-			rc = idem__error(IDEM_ENOMEM, "out of memory");
-			goto done;
-		}
-		rc = pay__backstop(resp, obj, p.id, p.fingerprint, c->fp, "payment");
+		rc = order_exists(txn, c, resp);
 		goto done;
 	}
 	if (rc < 0)
 		goto done;
 	/* The answer is the row just written: no need to read it back. */
-	snprintf(p.merchant_id, sizeof(p.merchant_id), "%s", c->rq->caller);
-	snprintf(p.order_no, sizeof(p.order_no), "%s", pay__str(d, "merchant_order_no"));
-	p.amount = pay__int(d, "amount");
-	snprintf(p.currency, sizeof(p.currency), "%s", pay__str(d, "currency"));
-	snprintf(p.channel, sizeof(p.channel), "%s", channel);
-	snprintf(p.status, sizeof(p.status), "processing");
-	p.created_at = p.updated_at = now;
-	p.metadata = meta_text;
+	new_row(&p, c, meta_text, now);
 	meta_text = NULL;
-	if (pay__str(d, "description") && !(p.description = strdup(pay__str(d, "description")))) {
+	if (desc && !(p.description = strdup(desc)))
 		rc = idem__error(IDEM_ENOMEM, "out of memory");
-		goto done;
-	}
-	if (!(obj = pay__payment_object(&p))) {
+	else if (!(obj = pay__payment_object(&p)))
 		rc = idem__error(IDEM_ENOMEM, "out of memory");
-		goto done;
-	}
-	rc = pay__json(resp, 201, obj);
+	else
+		rc = pay__json(resp, 201, obj);
 done:
 	json_decref(obj);
 	free(meta_text);

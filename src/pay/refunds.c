@@ -137,12 +137,120 @@ int pay__refund_set_code(idem_txn *txn, const char *id, const char *code)
  * copied to id_out; a retry of a refund still 'creating' finds it again
  * (id_out set, resp left empty: the claim stays held for the channel call).
  */
+/*
+ * A refund under this request number exists already: the same one retried
+ * (a channel refund still 'creating' goes out again under its number: 1 with
+ * id_out set), this key's own answer, the backstop's 200, or 409. 0 when the
+ * answer is in resp; 1 to keep the claim for the channel call.
+ */
+static int existing_refund(idem_txn *txn, pay__op *c, refund_row *r, idem_response *resp,
+                           int to_channel, char id_out[IDEM_PAY_ID_SIZE])
+{
+	char *body = NULL;
+	size_t len = 0;
+	int same = strcmp(r->fingerprint, c->fp) == 0, rc;
+
+	if (to_channel && same && strcmp(r->status, "creating") == 0) {
+		memcpy(id_out, r->id, IDEM_PAY_ID_SIZE); /* the same out_refund_no again */
+		return 1;
+	}
+	if (to_channel && same && (rc = own_refund(txn, c, r, resp)) != 0)
+		return rc < 0 ? rc : 0; /* this key's own refund: its answer */
+	if (same)
+		return answer_row(resp, 200, r);
+	rc = idem_pay_problem(&body, &len, 409, "business_key_conflict",
+	                      "a different refund already uses this refund_request_no",
+	                      "existing_id", r->id);
+	if (rc == 0)
+		rc = idem_response_set(resp, 409, body, len);
+	free(body);
+	return rc;
+}
+
+/* The refusals a refund can meet, in order: 1 when one is in resp. */
+static int refusal(idem_txn *txn, const pay__payment *p, int64_t amount, idem_response *resp)
+{
+	int64_t balance = 0;
+	int rc;
+
+	if (!p->found) {
+		resp->persist = 0;
+		rc = pay__problem(resp, 404, "not_found", "no such payment");
+	} else if (strcmp(p->status, "succeeded") != 0 &&
+	           strcmp(p->status, "partially_refunded") != 0) {
+		rc = pay__problem(resp, 409, "payment_not_refundable",
+		                  "only a succeeded or partially refunded payment can be refunded");
+	} else if (amount > p->amount - p->refunded) {
+		rc = pay__problem(resp, 409, "refund_exceeds_payment",
+		                  "the refunds would exceed the amount paid");
+	} else if ((rc = pay__balance(txn, p->merchant_id, p->currency, &balance)) < 0) {
+		return rc;
+	} else if (balance < amount) {
+		rc = pay__problem(resp, 409, "insufficient_balance",
+		                  "the merchant's balance cannot cover this refund");
+	} else {
+		return 0;
+	}
+	return rc < 0 ? rc : 1;
+}
+
+/* The refund row (status), the payment's refunded amount, the debit. */
+static int write_refund(idem_txn *txn, pay__op *c, const pay__payment *p, const char *id,
+                        const char *status, int64_t now)
+{
+	json_t *d = c->doc;
+	const char *reason = pay__str(d, "reason");
+	int64_t amount = pay__int(d, "amount"), changed = 0;
+	int to_channel = strcmp(status, "creating") == 0, rc;
+	idem_value v[12] = {IDEM_V_TEXT(id),
+	                    IDEM_V_TEXT(c->rq->caller),
+	                    IDEM_V_TEXT(pay__str(d, "refund_request_no")),
+	                    IDEM_V_TEXT(p->id),
+	                    IDEM_V_INT(amount),
+	                    IDEM_V_TEXT(p->currency),
+	                    reason ? IDEM_V_TEXT(reason) : IDEM_V_NULL,
+	                    IDEM_V_TEXT(status),
+	                    IDEM_V_TEXT(c->fp),
+	                    IDEM_V_INT(now),
+	                    IDEM_V_INT(now),
+	                    to_channel ? IDEM_V_TEXTN(c->req.key, c->req.key_len) : IDEM_V_NULL};
+	idem_value w[5] = {IDEM_V_INT(amount), IDEM_V_INT(amount), IDEM_V_INT(now),
+	                   IDEM_V_TEXT(p->id), IDEM_V_INT(amount)};
+
+	if ((rc = idem_txn_exec(txn,
+	                        "INSERT INTO refunds (id, merchant_id, refund_request_no,"
+	                        " payment_id, amount, currency, reason, status, fingerprint,"
+	                        " created_at, updated_at, idem_key)"
+	                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+	                        v, 12, NULL)) < 0)
+		return rc;
+	rc = idem_txn_exec(txn,
+	                   "UPDATE payments SET refunded_amount = refunded_amount + ?,"
+	                   " status = CASE WHEN refunded_amount + ? = amount THEN 'refunded'"
+	                   " ELSE 'partially_refunded' END, updated_at = ?"
+	                   " WHERE id = ? AND status IN ('succeeded', 'partially_refunded')"
+	                   " AND refunded_amount + ? <= amount",
+	                   w, 5, &changed);
+	if (rc == 0 && changed != 1)
+		rc = idem__error(IDEM_ERETRY, "payment changed during refund");
+	if (rc == 0)
+		rc = pay__post(txn, c->rq->caller, p->currency, -amount, "refund", id, now);
+	return rc;
+}
+
+/*
+ * Every check, then the refund row, the payment's refunded amount and the
+ * debit, under the merchant's lock. to_channel: the row is 'creating' (the
+ * channel has yet to answer: the amount is reserved meanwhile) and its id is
+ * copied to id_out; a retry of a refund still 'creating' finds it again
+ * (id_out set, resp left empty: the claim stays held for the channel call).
+ */
 static int reserve(idem_txn *txn, pay__op *c, idem_response *resp, int to_channel,
                    char id_out[IDEM_PAY_ID_SIZE])
 {
 	json_t *d = c->doc;
-	const char *merchant = c->rq->caller, *reason = pay__str(d, "reason");
-	int64_t amount = pay__int(d, "amount"), now = pay__now(c->pay), balance = 0, changed = 0;
+	const char *merchant = c->rq->caller;
+	int64_t now = pay__now(c->pay);
 	pay__payment p = {0};
 	refund_row r;
 	int rc;
@@ -158,112 +266,23 @@ static int reserve(idem_txn *txn, pay__op *c, idem_response *resp, int to_channe
 	                     merchant, pay__str(d, "refund_request_no"))) < 0)
 		goto done;
 	if (r.found) {
-		char *body = NULL;
-		size_t len = 0;
-
-		if (to_channel && strcmp(r.fingerprint, c->fp) == 0 &&
-		    strcmp(r.status, "creating") == 0) {
-			memcpy(id_out, r.id, IDEM_PAY_ID_SIZE); /* the same out_refund_no again */
-			rc = 0;
-			goto done;
-		}
-		if (to_channel && strcmp(r.fingerprint, c->fp) == 0 &&
-		    (rc = own_refund(txn, c, &r, resp)) != 0) {
-			rc = rc < 0 ? rc : 0; /* this key's own refund: its answer */
-			goto done;
-		}
-		if (strcmp(r.fingerprint, c->fp) == 0) {
-			rc = answer_row(resp, 200, &r);
-			goto done;
-		}
-		rc = idem_pay_problem(&body, &len, 409, "business_key_conflict",
-		                      "a different refund already uses this refund_request_no",
-		                      "existing_id", r.id);
-		if (rc == 0)
-			rc = idem_response_set(resp, 409, body, len);
-		free(body);
+		rc = existing_refund(txn, c, &r, resp, to_channel, id_out);
+		rc = rc < 0 ? rc : 0;
 		goto done;
 	}
-	if ((rc = pay__payment_load(c->pay, txn, &p, merchant, pay__str(d, "payment_id"))) < 0)
-		goto done;
-	if (!p.found) {
-		resp->persist = 0;
-		rc = pay__problem(resp, 404, "not_found", "no such payment");
+	if ((rc = pay__payment_load(c->pay, txn, &p, merchant, pay__str(d, "payment_id"))) < 0 ||
+	    (rc = refusal(txn, &p, pay__int(d, "amount"), resp)) != 0) {
+		rc = rc < 0 ? rc : 0;
 		goto done;
 	}
-	if (strcmp(p.status, "succeeded") != 0 && strcmp(p.status, "partially_refunded") != 0) {
-		rc = pay__problem(resp, 409, "payment_not_refundable",
-		                  "only a succeeded or partially refunded payment can be refunded");
-		goto done;
-	}
-	if (amount > p.amount - p.refunded) {
-		rc = pay__problem(resp, 409, "refund_exceeds_payment",
-		                  "the refunds would exceed the amount paid");
-		goto done;
-	}
-	if ((rc = pay__balance(txn, merchant, p.currency, &balance)) < 0)
-		goto done;
-	if (balance < amount) {
-		rc = pay__problem(resp, 409, "insufficient_balance",
-		                  "the merchant's balance cannot cover this refund");
-		goto done;
-	}
-	if ((rc = pay__new_id(r.id, "re_")) < 0)
-		goto done;
-	{
-		idem_value v[12] = {IDEM_V_TEXT(r.id),
-		                    IDEM_V_TEXT(merchant),
-		                    IDEM_V_TEXT(pay__str(d, "refund_request_no")),
-		                    IDEM_V_TEXT(p.id),
-		                    IDEM_V_INT(amount),
-		                    IDEM_V_TEXT(p.currency),
-		                    reason ? IDEM_V_TEXT(reason) : IDEM_V_NULL,
-		                    IDEM_V_TEXT(to_channel ? "creating" : "succeeded"),
-		                    IDEM_V_TEXT(c->fp),
-		                    IDEM_V_INT(now),
-		                    IDEM_V_INT(now),
-		                    to_channel ? IDEM_V_TEXTN(c->req.key, c->req.key_len)
-		                               : IDEM_V_NULL};
-
-		rc = idem_txn_exec(txn,
-		                   "INSERT INTO refunds (id, merchant_id, refund_request_no,"
-		                   " payment_id, amount, currency, reason, status, fingerprint,"
-		                   " created_at, updated_at, idem_key)"
-		                   " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-		                   v, 12, NULL);
-	}
-	if (rc < 0)
-		goto done;
-	{
-		idem_value v[5] = {IDEM_V_INT(amount), IDEM_V_INT(amount), IDEM_V_INT(now),
-		                   IDEM_V_TEXT(p.id), IDEM_V_INT(amount)};
-
-		rc =
-		    idem_txn_exec(txn,
-		                  "UPDATE payments SET refunded_amount = refunded_amount + ?,"
-		                  " status = CASE WHEN refunded_amount + ? = amount THEN 'refunded'"
-		                  " ELSE 'partially_refunded' END, updated_at = ?"
-		                  " WHERE id = ? AND status IN ('succeeded', 'partially_refunded')"
-		                  " AND refunded_amount + ? <= amount",
-		                  v, 5, &changed);
-	}
-	if (rc == 0 && changed != 1)
-		rc = idem__error(IDEM_ERETRY, "payment changed during refund");
-	if (rc < 0 || (rc = pay__post(txn, merchant, p.currency, -amount, "refund", r.id, now)) < 0)
+	if ((rc = pay__new_id(r.id, "re_")) < 0 ||
+	    (rc = write_refund(txn, c, &p, r.id, to_channel ? "creating" : "succeeded", now)) < 0)
 		goto done;
 	if (to_channel) {
 		memcpy(id_out, r.id, IDEM_PAY_ID_SIZE);
 		goto done;
 	}
-	{
-		char id[IDEM_PAY_ID_SIZE];
-
-		memcpy(id, r.id, sizeof(id)); /* load clears r */
-		if ((rc = load_refund(txn, &r, REFUND_COLS "WHERE id = ? AND merchant_id = ?", id,
-		                      merchant)) < 0)
-			goto done;
-	}
-	rc = answer_row(resp, 201, &r);
+	rc = pay__refund_answer(txn, merchant, r.id, resp);
 done:
 	pay__payment_clear(&p);
 	return rc;
