@@ -23,6 +23,7 @@ FORMATTED=(
   src/store/backends.c src/store/schema.h src/store/schema_sqlite.c
   src/store/schema_postgres.c src/store/schema_mariadb.c
   tests/core/test_engine.c tests/core/test_init_fail.c tests/store/test_netdb.c
+  src/pay/channel.h src/pay/chanclient.c src/pay/chanpool.c src/pay/chanpay.c src/pay/sweeper.c
 )
 
 if command -v clang-format >/dev/null 2>&1; then

@@ -163,6 +163,31 @@ IDEM_EXTERN int idem_claim_complete(idem_claim *claim, int http_status, const vo
 IDEM_EXTERN int idem_claim_finish(idem_result *out, idem_claim *claim, idem_work_fn work,
 				  void *ctx);
 
+/*
+ * idem_claim_begin with business rows in the claim's own transaction: when
+ * the claim is FIRST, prep runs in that transaction. prep leaving
+ * resp->http_status 0 keeps the claim PROCESSING (with prep's rows) and
+ * hands it out; prep setting an answer ends the request at once: stored and
+ * the record completed (resp->persist 1) or, with persist 0, the claim and
+ * prep's rows rolled back and the answer given once (out->stored 0). For
+ * the two-phase call whose downstream number (a payment id sent to a
+ * channel) must exist before the call and survive every retry.
+ */
+IDEM_EXTERN int idem_claim_begin_with(idem_claim **out_claim, idem_result *out,
+				      idem_store *store, const idem_request *req,
+				      idem_work_fn prep, void *ctx);
+
+/*
+ * Inside txn: complete the record of (scope, business_type, key) with this
+ * answer when it is PROCESSING and its lease has run out (its owner died or
+ * gave up); otherwise leave it. *settled 1 when it was completed. For a
+ * sweeper that resolved the request's business outcome itself, so that a
+ * later retry replays the answer instead of running again.
+ */
+IDEM_EXTERN int idem_record_settle(idem_txn *txn, const char *scope, const char *business_type,
+				   const char *key, size_t key_len, int http_status,
+				   const void *body, size_t len, int *settled);
+
 /* Push the lease out to now + lease_ms. IDEM_ELEASE when it was lost. */
 IDEM_EXTERN int idem_claim_extend(idem_claim *claim, int64_t lease_ms);
 

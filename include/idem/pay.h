@@ -23,7 +23,7 @@ extern "C" {
 
 typedef struct idem_pay idem_pay;
 
-#define IDEM_PAY_OPTS_VERSION 1
+#define IDEM_PAY_OPTS_VERSION 2
 
 typedef struct {
 	unsigned int version;          /* IDEM_PAY_OPTS_VERSION */
@@ -31,9 +31,15 @@ typedef struct {
 	int64_t notification_ttl_ms;   /* for channel callbacks (default 72 h, never less) */
 	int mock_channel_delay_ms;     /* > 0: the mock channel answers after this long,
 	                                  and payments on it run in two phases */
+	/* Connected channels (CHANNEL.md), since version 2: */
+	int channel_workers;           /* threads making channel calls (default 8) */
+	int channel_queue;             /* calls waiting for one before 503 (default 1024) */
+	const char *public_url;        /* this service's base URL as channels reach it, for
+	                                  notify_url (copied; NULL: no notify_url sent) */
 } idem_pay_opts;
 
-#define IDEM_PAY_OPTS_INIT { IDEM_PAY_OPTS_VERSION, 24LL * 3600 * 1000, 72LL * 3600 * 1000, 0 }
+#define IDEM_PAY_OPTS_INIT                                                                         \
+	{ IDEM_PAY_OPTS_VERSION, 24LL * 3600 * 1000, 72LL * 3600 * 1000, 0, 8, 1024, NULL }
 
 /* Sizes of the identifiers handed out (including the NUL). */
 #define IDEM_PAY_ID_SIZE 40      /* "m_…", "pay_…", "re_…", "tr_…" */
@@ -64,6 +70,35 @@ IDEM_EXTERN int idem_pay_merchant_add(idem_pay *pay, const char *name,
  */
 IDEM_EXTERN int idem_pay_channel_add(idem_pay *pay, const char *name,
 				     char secret_out[IDEM_PAY_SECRET_SIZE]);
+
+/*
+ * Connect channel name (created with idem_pay_channel_add): payments and
+ * refunds on it are then sent to base_url (http:// or https://, no query)
+ * per CHANNEL.md, each call given timeout_ms (1..600000). base_url NULL
+ * disconnects it (it then only receives notifications). IDEM_ENOTFOUND for
+ * no such channel, IDEM_EINVAL for a bad URL or timeout.
+ */
+IDEM_EXTERN int idem_pay_channel_connect(idem_pay *pay, const char *name, const char *base_url,
+					 int64_t timeout_ms);
+
+/*
+ * The sweeper (CHANNEL.md): resolve payments and refunds left 'creating'
+ * for longer than age_ms (the client never came back, or an instance died
+ * mid-call) by querying the channel; an order the channel does not have is
+ * closed there before the payment is marked failed. One pass: at most one
+ * instance sweeps at a time, by a lease row in the store; *ran is 0 when
+ * another instance holds it. *resolved counts what was settled.
+ */
+IDEM_EXTERN int idem_pay_sweep(idem_pay *pay, int64_t age_ms, int *ran, int *resolved);
+/* Run idem_pay_sweep every interval_ms on a thread of its own, until close. */
+IDEM_EXTERN int idem_pay_sweeper_start(idem_pay *pay, int64_t interval_ms, int64_t age_ms);
+
+/*
+ * The channel and sweeper counters in Prometheus text format
+ * (idem_channel_calls_total, idem_channel_queue_depth,
+ * idem_sweeper_runs_total, idem_sweeper_resolved_total). *out is malloc'd.
+ */
+IDEM_EXTERN int idem_pay_metrics_text(idem_pay *pay, char **out, size_t *len);
 
 /*
  * Keep channel secrets sealed at rest with key (32 bytes; AES-256-GCM, the

@@ -4,6 +4,7 @@
  */
 #include <openssl/crypto.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cli/cli.h"
 
@@ -35,30 +36,106 @@ static int check_no_key_needed(const cli_globals *g, idem_pay *pay)
 	return 0;
 }
 
+/* NAME [--base-url URL] [--timeout-ms N]: parsed; 0 or a usage error. */
+typedef struct {
+	const char *name, *base_url;
+	long timeout_ms;
+	int has_timeout;
+} conn_args;
+
+static int parse_conn_args(const char *cmd, int argc, char **argv, conn_args *a)
+{
+	memset(a, 0, sizeof(*a));
+	a->timeout_ms = 5000;
+	for (int i = 0; i < argc; i++) {
+		int missing = 0;
+		const char *v;
+
+		if ((v = cli_opt_value(argc, argv, &i, "--base-url", &missing)) || missing) {
+			if (missing || !*v)
+				return cli_usage_error("--base-url needs a URL");
+			a->base_url = v;
+		} else if ((v = cli_opt_value(argc, argv, &i, "--timeout-ms", &missing)) ||
+		           missing) {
+			if (missing || cli_parse_long(v, 1, 600000, &a->timeout_ms) < 0)
+				return cli_usage_error("--timeout-ms needs a number of ms, 1..600000");
+			a->has_timeout = 1;
+		} else if (argv[i][0] == '-' || a->name) {
+			return cli_usage_error("%s takes one NAME and --base-url URL, --timeout-ms N",
+			                       cmd);
+		} else {
+			a->name = argv[i];
+		}
+	}
+	if (!a->name)
+		return cli_usage_error("%s takes one NAME", cmd);
+	if (a->has_timeout && !a->base_url)
+		return cli_usage_error("--timeout-ms goes with --base-url");
+	return 0;
+}
+
 static int add(const cli_globals *g, int argc, char **argv)
 {
 	idem_store *store = NULL;
 	idem_pay *pay = NULL;
 	char secret[IDEM_PAY_SECRET_SIZE];
+	conn_args a;
 	int rc;
 
-	if (argc != 1 || argv[0][0] == '-')
-		return cli_usage_error("channel add takes one NAME");
+	if ((rc = parse_conn_args("channel add", argc, argv, &a)) != 0)
+		return rc;
 	if ((rc = cli_open(g, &store, &pay)) != 0)
 		return rc;
 	if ((rc = check_no_key_needed(g, pay)) != 0) {
 		cli_close(store, pay);
 		return rc;
 	}
-	rc = idem_pay_channel_add(pay, argv[0], secret);
-	if (rc < 0)
+	rc = idem_pay_channel_add(pay, a.name, secret);
+	if (rc == 0 && a.base_url &&
+	    (rc = idem_pay_channel_connect(pay, a.name, a.base_url, a.timeout_ms)) < 0)
+		rc = cli_fail("channel created, but cannot connect it (fix with channel connect)",
+		              rc);
+	else if (rc < 0)
 		rc = cli_fail("cannot add channel", rc);
 	else if (g->json)
-		rc = cli_print_json(json_pack("{s:s, s:s}", "channel", argv[0], "secret", secret));
+		rc = cli_print_json(json_pack("{s:s, s:s, s:s?, s:I}", "channel", a.name, "secret",
+		                              secret, "base_url", a.base_url, "timeout_ms",
+		                              (json_int_t)a.timeout_ms));
+	else if (a.base_url)
+		printf("channel %s created, connected to %s (timeout %ld ms)\nsecret: %s\n"
+		       "Both directions are signed: X-Signature: hex(HMAC-SHA256(body, secret)).\n",
+		       a.name, a.base_url, a.timeout_ms, secret);
 	else
 		printf("channel %s created\nsecret: %s\n"
 		       "Sign each callback body: X-Signature: hex(HMAC-SHA256(body, secret)).\n",
-		       argv[0], secret);
+		       a.name, secret);
+	OPENSSL_cleanse(secret, sizeof(secret));
+	cli_close(store, pay);
+	return rc;
+}
+
+static int connect_cmd(const cli_globals *g, int argc, char **argv)
+{
+	idem_store *store = NULL;
+	idem_pay *pay = NULL;
+	conn_args a;
+	int rc;
+
+	if ((rc = parse_conn_args("channel connect", argc, argv, &a)) != 0)
+		return rc;
+	if ((rc = cli_open(g, &store, &pay)) != 0)
+		return rc;
+	rc = idem_pay_channel_connect(pay, a.name, a.base_url, a.timeout_ms);
+	if (rc < 0)
+		rc = cli_fail("cannot connect the channel", rc);
+	else if (g->json)
+		rc = cli_print_json(json_pack("{s:s, s:s?, s:I}", "channel", a.name, "base_url",
+		                              a.base_url, "timeout_ms", (json_int_t)a.timeout_ms));
+	else if (a.base_url)
+		printf("channel %s connected to %s (timeout %ld ms)\n", a.name, a.base_url,
+		       a.timeout_ms);
+	else
+		printf("channel %s disconnected: it only receives notifications\n", a.name);
 	cli_close(store, pay);
 	return rc;
 }
@@ -150,11 +227,27 @@ static int rotate(const cli_globals *g, int argc, char **argv)
 const cli_command cli_channel_add = {
 	"channel add",
 	"register a payment channel and print its signing secret",
-	"channel add NAME [--json]\n\n"
+	"channel add NAME [--base-url URL [--timeout-ms N]] [--json]\n\n"
 	"Registers a channel (1..32 of a-z 0-9 _ -) and prints its HMAC secret once.\n"
-	"--json prints {\"channel\", \"secret\"}.\n\n"
-	"example:\n  idemctl --db sqlite:var/idem.db channel add wechat --json\n",
+	"With --base-url, idemd sends payments and refunds on it to that channel\n"
+	"(docs/channels.md, the CHANNEL.md protocol), each call given --timeout-ms\n"
+	"(default 5000); without it the channel only sends notifications.\n"
+	"--json prints {\"channel\", \"secret\", \"base_url\", \"timeout_ms\"}.\n\n"
+	"example:\n  idemctl --db sqlite:var/idem.db channel add wechat"
+	" --base-url https://pay.example.com/v1 --json\n",
 	add,
+};
+
+const cli_command cli_channel_connect = {
+	"channel connect",
+	"point an existing channel at its API (or disconnect it)",
+	"channel connect NAME [--base-url URL [--timeout-ms N]] [--json]\n\n"
+	"Sets where idemd calls the channel; without --base-url the channel is\n"
+	"disconnected and only receives notifications again. Running idemd\n"
+	"instances pick the change up within 5 s.\n\n"
+	"example:\n  idemctl --db sqlite:var/idem.db channel connect wechat"
+	" --base-url http://127.0.0.1:9000 --timeout-ms 3000\n",
+	connect_cmd,
 };
 
 const cli_command cli_channel_list = {

@@ -31,7 +31,7 @@ typedef struct {
 } cli_command;
 
 extern const cli_command cli_migrate, cli_merchant_add, cli_merchant_list,
-    cli_merchant_rotate_key, cli_channel_add, cli_channel_list, cli_channel_rotate_secret,
+    cli_merchant_rotate_key, cli_channel_add, cli_channel_connect, cli_channel_list, cli_channel_rotate_secret,
     cli_channel_rekey,
     cli_purge, cli_stats, cli_inspect, cli_recon_import, cli_demo;
 

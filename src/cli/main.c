@@ -15,6 +15,7 @@ static const cli_command *const commands[] = {
 	&cli_merchant_list,
 	&cli_merchant_rotate_key,
 	&cli_channel_add,
+	&cli_channel_connect,
 	&cli_channel_list,
 	&cli_channel_rotate_secret,
 	&cli_channel_rekey,

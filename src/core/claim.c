@@ -536,3 +536,136 @@ int idem_record_get(idem_record_info *out, idem_store *store, const char *scope,
 	out->body_len = rec.body_len;
 	return 0;
 }
+
+/* ---- two-phase with business rows in the claim's transaction ---------- */
+
+typedef struct {
+	step s;
+	int held; /* the claim stays PROCESSING for the caller */
+} begin_with;
+
+static int begin_with_step(idem_txn *txn, void *arg)
+{
+	begin_with *b = arg;
+	step *s = &b->s;
+	const idem__backend_ops *ops = txn->ops;
+	idem_response resp = {0, NULL, 0, 1};
+	int rc, changed = 0;
+
+	b->held = 0;
+	if ((rc = ops->savepoint(txn, "idem_claim")) < 0)
+		return rc;
+	if ((rc = claim_in_txn(txn, s->k, s->req, s->claim->owner, &s->id, s->out)) < 0)
+		goto undo;
+	if (s->out->outcome != IDEM_FIRST)
+		return ops->release(txn, "idem_claim");
+	if ((rc = s->work(txn, s->ctx, &resp)) < 0)
+		goto undo;
+	if (resp.http_status == 0) {
+		free(resp.body);
+		b->held = 1;
+		return ops->release(txn, "idem_claim");
+	}
+	if (resp.http_status < 100 || resp.http_status > 599) {
+		rc = idem__error(IDEM_EINVAL, "unit of work answered HTTP status %d",
+		                 resp.http_status);
+		goto undo;
+	}
+	if (resp.persist) {
+		rc = ops->rec_complete(txn, s->id, s->claim->owner, status_for(resp.http_status),
+		                       resp.http_status, resp.body, resp.body_len,
+		                       idem_store_now(txn->store), &changed);
+		if (rc == 0 && !changed)
+			rc = idem__error(IDEM_ERETRY, "record changed during claim");
+		if (rc < 0)
+			goto undo;
+	} else if ((rc = ops->rollback_to(txn, "idem_claim")) < 0) {
+		goto undo;
+	}
+	s->out->http_status = resp.http_status;
+	s->out->body = resp.body;
+	s->out->body_len = resp.body_len;
+	s->out->stored = resp.persist != 0;
+	return ops->release(txn, "idem_claim");
+undo:
+	free(resp.body);
+	if (ops->rollback_to(txn, "idem_claim") == 0)
+		ops->release(txn, "idem_claim");
+	return rc;
+}
+
+int idem_claim_begin_with(idem_claim **out_claim, idem_result *out, idem_store *store,
+                          const idem_request *req, idem_work_fn prep, void *ctx)
+{
+	idem__key k;
+	idem_claim *c = NULL;
+	int rc;
+
+	IDEM__ASSERT_ARG(out_claim);
+	IDEM__ASSERT_ARG(out);
+	*out_claim = NULL;
+	memset(out, 0, sizeof(*out));
+	if (!prep)
+		return idem_claim_begin(out_claim, out, store, req);
+	if ((rc = idem__request_key(&k, req)) < 0)
+		return rc;
+	if ((rc = idem__fast_path(store, &k, req->fingerprint, out)) != 0)
+		goto done;
+	if (!(c = calloc(1, sizeof(*c)))) {
+		rc = idem__error(IDEM_ENOMEM, "out of memory");
+		goto done;
+	}
+	if ((rc = idem__rand_hex(c->owner, 16)) < 0)
+		goto done;
+	{
+		begin_with b = {{&k, req, c, "", 0, prep, ctx, out}, 0};
+
+		rc = idem__with_txn(store, begin_with_step, &b, out);
+		if (rc == 0 && out->outcome == IDEM_FIRST && b.held) {
+			c->store = store;
+			c->id = b.s.id;
+			memcpy(c->type, k.type, k.type_len + 1);
+			*out_claim = c;
+			c = NULL;
+		} else if (rc == 0 && out->outcome == IDEM_FIRST && out->stored) {
+			idem__cache_after_commit(store, &k, req, out);
+		}
+	}
+done:
+	free(c);
+	if (rc > 0)
+		rc = 0;
+	idem__count(store, req->business_type, rc, out);
+	return rc;
+}
+
+/* ---- settling a record its owner left behind -------------------------- */
+
+int idem_record_settle(idem_txn *txn, const char *scope, const char *business_type,
+                       const char *key, size_t key_len, int http_status, const void *body,
+                       size_t len, int *settled)
+{
+	idem__key k;
+	idem__record ex = {0};
+	int rc, changed = 0;
+
+	IDEM__ASSERT_ARG(txn);
+	IDEM__ASSERT_ARG(settled);
+	*settled = 0;
+	if (http_status < 100 || http_status > 599 || (len && !body))
+		return idem__error(IDEM_EINVAL, "idem_record_settle: bad arguments");
+	if ((rc = key_from_parts(&k, scope, business_type, key, key_len)) < 0)
+		return rc;
+	if ((rc = idem__rec_get(txn, &k, &ex)) == IDEM_ENOTFOUND)
+		return 0;
+	if (rc < 0)
+		return rc;
+	if (ex.status == IDEM__ST_PROCESSING && ex.lease_until <= idem_store_now(txn->store)) {
+		rc = txn->ops->rec_complete(txn, ex.id, ex.owner, status_for(http_status),
+		                            http_status, body, len, idem_store_now(txn->store),
+		                            &changed);
+		*settled = rc == 0 && changed;
+	}
+	idem__record_clear(&ex);
+	return rc;
+}

@@ -81,16 +81,85 @@ reject:
 	return pay__reject(out, 400, "invalid_request", detail);
 }
 
+static int valid_status(const char *s)
+{
+	return strcmp(s, "SUCCESS") == 0 || strcmp(s, "FAILED") == 0 || strcmp(s, "CLOSED") == 0;
+}
+
+/* The message for a value that breaks f's rule, or NULL when it keeps it. */
+static const char *broken(const pay__field *f, json_t *v)
+{
+	const char *s = json_string_value(v);
+
+	switch (f->rule) {
+	case V_ANY: return NULL;
+	case V_NATURAL_KEY:
+		return idem_natural_key_validate(s, strlen(s)) < 0
+		           ? "'%s' must be 1..64 of A-Z a-z 0-9 _ - ."
+		           : NULL;
+	case V_ID: return idem_natural_key_validate(s, strlen(s)) < 0 ? "'%s' is malformed" : NULL;
+	case V_AMOUNT:
+		return pay__valid_amount((int64_t)json_integer_value(v))
+		           ? NULL
+		           : "'%s' must be an integer from 1 to 10^15 minor units";
+	case V_CURRENCY:
+		return pay__valid_currency(s) ? NULL : "'%s' must be three upper-case letters";
+	case V_CHANNEL:
+		return pay__valid_channel_name(s) ? NULL : "'%s' must be 1..32 of a-z 0-9 _ -";
+	case V_TEXT255: return strlen(s) > 255 ? "'%s' must be at most 255 bytes" : NULL;
+	case V_NOTIFY_STATUS:
+		return valid_status(s) ? NULL : "'%s' must be SUCCESS, FAILED or CLOSED";
+	}
+	return NULL;
+}
+
 int pay__parse_request(json_t **doc, idem_result *out, const idem_pay_request *rq,
                        const pay__field *fields, size_t nfields)
 {
-	return parse(doc, out, rq->body, rq->body_len, fields, nfields, rq->key_invalid);
+	char detail[160];
+	int rc = parse(doc, out, rq->body, rq->body_len, fields, nfields, rq->key_invalid);
+
+	if (rc < 0 || !*doc)
+		return rc;
+	for (size_t i = 0; i < nfields; i++) {
+		const pay__field *f = &fields[i];
+		json_t *v = json_object_get(*doc, f->name);
+
+		if (f->natural && !v) {
+			if (rq->key)
+				snprintf(detail, sizeof(detail), "'%s' is required", f->name);
+			else
+				snprintf(detail, sizeof(detail),
+				         "send an Idempotency-Key header or a %s", f->name);
+			json_decref(*doc);
+			*doc = NULL;
+			return pay__reject(out, 400,
+			                   rq->key ? "invalid_request" : "missing_idempotency_key",
+			                   detail);
+		}
+	}
+	for (size_t i = 0; i < nfields; i++) {
+		const pay__field *f = &fields[i];
+		json_t *v = json_object_get(*doc, f->name);
+		const char *why = v ? broken(f, v) : NULL;
+
+		if (why) {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wformat-nonliteral"
+			snprintf(detail, sizeof(detail), why, f->name);
+#pragma GCC diagnostic pop
+			json_decref(*doc);
+			*doc = NULL;
+			return pay__reject(out, 400, "invalid_request", detail);
+		}
+	}
+	return 0;
 }
 
 int pay__fingerprint(char out[IDEM_FINGERPRINT_LEN + 1], const idem_pay_request *rq, json_t *doc)
 {
-	char *canon = json_dumps(doc, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENSURE_ASCII |
-					      JSON_ENCODE_ANY);
+	char *canon =
+	    json_dumps(doc, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENSURE_ASCII | JSON_ENCODE_ANY);
 	int rc;
 
 	if (!canon)

@@ -12,6 +12,9 @@
 #include "idem/idem.h"
 
 typedef struct pay__authcache pay__authcache;
+typedef struct pay__chanstate pay__chanstate; /* pay/chanclient.c */
+typedef struct pay__pool pay__pool;           /* pay/chanpool.c */
+typedef struct pay__sweeper pay__sweeper;     /* pay/sweeper.c */
 
 struct idem_pay {
 	idem_store *store;
@@ -24,7 +27,20 @@ struct idem_pay {
 	char channels[64][IDEM_PAY_CHANNEL_MAX + 1];
 	int has_secret_key;             /* channel secrets are sealed at rest */
 	unsigned char secret_key[32];   /* AES-256-GCM key (util/secretbox.h) */
+	pay__chanstate *chans;          /* connected channels: config cache, counters */
+	pthread_mutex_t pool_lock;
+	pay__pool *pool;                /* channel workers, started at the first call */
+	pay__sweeper *sweeper;          /* NULL unless idem_pay_sweeper_start */
+	char public_url[512];           /* opts.public_url, copied ("" when none) */
 };
+
+/* ---- connected channels (pay/channel.h has the rest) ---- */
+pay__chanstate *pay__chanstate_new(void);
+void pay__chanstate_free(pay__chanstate *s);
+/* The pool, started on first use; NULL after an error (set). */
+pay__pool *pay__pool_get(idem_pay *pay);
+/* Stop the sweeper thread, if one runs (sweeper.c). */
+void pay__sweeper_stop(idem_pay *pay);
 
 /* Room for a channel secret as stored: plain, or sealed (util/secretbox.h). */
 #define PAY__STORED_SECRET_SIZE 256
@@ -67,18 +83,40 @@ int pay__reject(idem_result *out, int status, const char *code, const char *deta
 
 typedef enum { F_STRING, F_INT, F_OBJECT } pay__ftype;
 
+/* What a present field's value must be; each has one message. */
+typedef enum {
+	V_ANY,
+	V_NATURAL_KEY, /* 1..64 of A-Z a-z 0-9 _ - . (idem_natural_key_validate) */
+	V_ID,          /* an id of ours: the same syntax, "is malformed" */
+	V_AMOUNT,      /* 1..10^15 minor units */
+	V_CURRENCY,    /* three upper-case letters */
+	V_CHANNEL,     /* a channel name: 1..32 of a-z 0-9 _ - */
+	V_TEXT255,     /* at most 255 bytes */
+	V_NOTIFY_STATUS, /* SUCCESS, FAILED or CLOSED */
+} pay__rule;
+
+/*
+ * One member of a write request's body: its type, whether it must be there,
+ * its rule, and whether it is the natural key (the idempotency key when no
+ * Idempotency-Key header came; required either way). A request's fields are
+ * one table, checked in its order.
+ */
 typedef struct {
 	const char *name;
 	pay__ftype type;
 	int required;
+	pay__rule rule;
+	int natural;
 } pay__field;
 
 /*
  * Parse a write request's body as a JSON object whose members are all in
  * fields, of the right types, with the required ones present; a malformed
  * Idempotency-Key is rejected after the JSON syntax and before the fields
- * (the documented order of checks). On failure *doc is NULL and out holds
- * the 400 answer; returns 0 either way, negative only on a hard error.
+ * (the documented order of checks). Then the natural key: absent with no
+ * Idempotency-Key, 400 missing_idempotency_key; then each present field's
+ * rule, in table order. On failure *doc is NULL and out holds the 400
+ * answer; returns 0 either way, negative only on a hard error.
  */
 int pay__parse_request(json_t **doc, idem_result *out, const idem_pay_request *rq,
                        const pay__field *fields, size_t nfields);
@@ -154,6 +192,11 @@ pay__op *pay__op_new(idem_pay *pay, const idem_pay_request *rq, idem_done_fn don
 
 /* Answer with op->res (validation) or error rc, and free op. */
 void pay__finish(pay__op *op, int rc);
+/* Answer with a claim's result (duplicates get their problem bodies), free op. */
+void pay__op_done(pay__op *op, int rc, idem_result *res);
+/* Fill op->req for (caller, type, key or natural) as pay__start does. */
+void pay__op_request(pay__op *op, const char *type, const char *natural, int64_t ttl_ms,
+                     int backstop);
 
 /*
  * Claim (caller, business_type, key) and run work, where key is the

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pay/channel.h"
 #include "pay/internal.h"
 #include "idem/admin.h"
 #include "util/error.h"
@@ -39,13 +40,29 @@ int idem_pay_open(idem_pay **out, idem_store *store, const idem_pay_opts *opts)
 	if (!opts)
 		opts = &defaults;
 	if (opts->version != IDEM_PAY_OPTS_VERSION || opts->ttl_ms <= 0 ||
-	    opts->notification_ttl_ms <= 0 || opts->mock_channel_delay_ms < 0)
+	    opts->notification_ttl_ms <= 0 || opts->mock_channel_delay_ms < 0 ||
+	    opts->channel_workers < 1 || opts->channel_workers > 1024 || opts->channel_queue < 1 ||
+	    (opts->public_url && strlen(opts->public_url) >= sizeof(pay->public_url)))
 		return idem__error(IDEM_EINVAL, "idem_pay_opts out of range");
 	if (!(pay = calloc(1, sizeof(*pay))))
 		return idem__error(IDEM_ENOMEM, "out of memory");
+	if (!(pay->chans = pay__chanstate_new())) {
+		free(pay);
+		return idem__error(IDEM_ENOMEM, "out of memory");
+	}
 	pay->store = store;
 	pay->opts = *opts;
+	if (opts->public_url) {
+		/* notify_url is public_url + "/v1/notifications/<channel>" */
+		size_t n = strlen(opts->public_url);
+
+		memcpy(pay->public_url, opts->public_url, n + 1);
+		while (n > 0 && pay->public_url[n - 1] == '/')
+			pay->public_url[--n] = '\0';
+	}
+	pay->opts.public_url = NULL;
 	pay->auth = pay__authcache_new(); /* without it, every request reads the store */
+	pthread_mutex_init(&pay->pool_lock, NULL);
 	pthread_mutex_init(&pay->channels_lock, NULL);
 	pthread_cond_init(&pay->idle, NULL);
 	/* Channels retry callbacks for more than a day (DESIGN.md §7). */
@@ -66,6 +83,10 @@ void idem_pay_close(idem_pay *pay)
 	while (pay->two_phase > 0)
 		pthread_cond_wait(&pay->idle, &pay->channels_lock);
 	pthread_mutex_unlock(&pay->channels_lock);
+	pay__sweeper_stop(pay);
+	pay__pool_stop(pay->pool); /* runs what is queued: each call answers */
+	pay__chanstate_free(pay->chans);
+	pthread_mutex_destroy(&pay->pool_lock);
 	pay__authcache_free(pay->auth);
 	OPENSSL_cleanse(pay->secret_key, sizeof(pay->secret_key));
 	pthread_cond_destroy(&pay->idle);
@@ -510,5 +531,125 @@ int pay__channel_exists(idem_pay *pay, idem_txn *txn, const char *name, int *exi
 	if (pay->nchannels < (int)(sizeof(pay->channels) / sizeof(pay->channels[0])))
 		snprintf(pay->channels[pay->nchannels++], sizeof(pay->channels[0]), "%s", name);
 	pthread_mutex_unlock(&pay->channels_lock);
+	return 0;
+}
+
+/* ---- connected channels ---------------------------------------------- */
+
+pay__pool *pay__pool_get(idem_pay *pay)
+{
+	pay__pool *p;
+
+	pthread_mutex_lock(&pay->pool_lock);
+	if (!pay->pool && pay__pool_start(&pay->pool, pay->opts.channel_workers,
+	                                  pay->opts.channel_queue) < 0)
+		pay->pool = NULL;
+	p = pay->pool;
+	pthread_mutex_unlock(&pay->pool_lock);
+	return p;
+}
+
+typedef struct {
+	char stored[PAY__STORED_SECRET_SIZE];
+	pay__chan *ch;
+	int found;
+} chan_row;
+
+static int read_chan(void *ctx, const idem_value *c, int n)
+{
+	chan_row *r = ctx;
+
+	if (n != 3)
+		return idem__error(IDEM_ESTORE, "channel row has %d columns", n);
+	pay__col_text(r->stored, sizeof(r->stored), &c[0]);
+	pay__col_text(r->ch->base_url, sizeof(r->ch->base_url), &c[1]);
+	r->ch->timeout_ms = c[2].i;
+	r->found = 1;
+	return 1;
+}
+
+int pay__chan_load(idem_pay *pay, const char *name, pay__chan *out, int *found)
+{
+	chan_row r = {"", out, 0};
+	idem_value p[1] = {IDEM_V_TEXT(name)};
+	int rc;
+
+	memset(out, 0, sizeof(*out));
+	*found = 0;
+	snprintf(out->name, sizeof(out->name), "%s", name);
+	rc = idem_store_query(pay->store,
+	                      "SELECT secret, base_url, timeout_ms FROM channels WHERE name = ?", p,
+	                      1, read_chan, &r);
+	if (rc == 0 && r.found && out->base_url[0])
+		rc = secret_open(pay->has_secret_key ? pay->secret_key : NULL, name, r.stored,
+		                 out->secret);
+	OPENSSL_cleanse(r.stored, sizeof(r.stored));
+	if (rc < 0) {
+		OPENSSL_cleanse(out, sizeof(*out));
+		return rc == IDEM_EINVAL ? idem__error(IDEM_ESTORE, "%s", idem_error_last()->message)
+		                         : rc;
+	}
+	*found = r.found;
+	return 0;
+}
+
+static int valid_base_url(const char *u)
+{
+	size_t n = strlen(u);
+
+	if (n < 8 || n >= 480)
+		return 0;
+	if (strncmp(u, "http://", 7) != 0 && strncmp(u, "https://", 8) != 0)
+		return 0;
+	for (size_t i = 0; i < n; i++)
+		if ((unsigned char)u[i] <= 0x20 || (unsigned char)u[i] >= 0x7f || u[i] == '?' ||
+		    u[i] == '#')
+			return 0;
+	return 1;
+}
+
+typedef struct {
+	const char *name, *url;
+	int64_t timeout_ms, changed;
+} chan_connect;
+
+static int connect_step(idem_txn *txn, void *ctx)
+{
+	chan_connect *c = ctx;
+	idem_value p[3] = {c->url ? IDEM_V_TEXT(c->url) : IDEM_V_NULL, IDEM_V_INT(c->timeout_ms),
+	                   IDEM_V_TEXT(c->name)};
+
+	return idem_txn_exec(txn, "UPDATE channels SET base_url = ?, timeout_ms = ? WHERE name = ?",
+	                     p, 3, &c->changed);
+}
+
+int idem_pay_channel_connect(idem_pay *pay, const char *name, const char *base_url,
+                             int64_t timeout_ms)
+{
+	char url[512];
+	chan_connect c = {name, NULL, timeout_ms, 0};
+	int rc;
+
+	if (!pay || !name || !pay__valid_channel_name(name))
+		return idem__error(IDEM_EINVAL, "channel name must be 1..%d of [a-z0-9_-]",
+		                   IDEM_PAY_CHANNEL_MAX);
+	if (timeout_ms < 1 || timeout_ms > 600000)
+		return idem__error(IDEM_EINVAL, "timeout must be 1..600000 ms");
+	if (base_url) {
+		size_t n;
+
+		if (!valid_base_url(base_url))
+			return idem__error(IDEM_EINVAL, "base URL must be http:// or https://, printable,"
+			                                " without a query, under 480 bytes");
+		n = strlen(base_url);
+		memcpy(url, base_url, n + 1);
+		while (n > 8 && url[n - 1] == '/')
+			url[--n] = '\0';
+		c.url = url;
+	}
+	if ((rc = idem_store_transact(pay->store, connect_step, &c)) < 0)
+		return rc;
+	if (c.changed == 0)
+		return idem__error(IDEM_ENOTFOUND, "no channel '%s'", name);
 	return 0;
 }

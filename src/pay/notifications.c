@@ -26,7 +26,7 @@ static int notify_work(idem_txn *txn, void *vctx, idem_response *resp)
 	int success = strcmp(status, "SUCCESS") == 0;
 	int64_t now = pay__now(c->pay), changed = 0;
 	pay__payment p = {0};
-	int rc;
+	int rc, open_ = 0;
 
 	if ((rc = pay__payment_load(c->pay, txn, &p, NULL, pay__str(d, "payment_id"))) < 0)
 		goto done;
@@ -40,7 +40,10 @@ static int notify_work(idem_txn *txn, void *vctx, idem_response *resp)
 		                  "the notified amount differs from the payment's");
 		goto done;
 	}
-	if (success && strcmp(p.status, "processing") == 0) {
+	/* 'creating': the create call has not returned yet (a channel may notify
+	 * before it answers); the notification decides all the same. */
+	open_ = strcmp(p.status, "processing") == 0 || strcmp(p.status, "creating") == 0;
+	if (success && open_) {
 		/* A credit to come: take the merchant's lock first (the order refunds
 		 * use too) and refuse one that would overflow before writing anything. */
 		int fits = 0;
@@ -83,7 +86,7 @@ static int notify_work(idem_txn *txn, void *vctx, idem_response *resp)
 		rc = idem_txn_exec(
 		    txn,
 		    "UPDATE payments SET status = ?, channel_txn_id = ?, updated_at = ?"
-		    " WHERE id = ? AND status = 'processing'",
+		    " WHERE id = ? AND status IN ('creating', 'processing')",
 		    v, 4, &changed);
 	}
 	if (rc < 0)
@@ -92,7 +95,7 @@ static int notify_work(idem_txn *txn, void *vctx, idem_response *resp)
 	if (changed == 1 && success) {
 		/* Locked above unless the payment was final when read (it is not now):
 		 * taking the lock again is harmless. */
-		if ((strcmp(p.status, "processing") != 0 &&
+		if ((!open_ &&
 		     (rc = pay__lock_merchant(txn, p.merchant_id, now)) < 0) ||
 		    (rc = pay__post(txn, p.merchant_id, p.currency, p.amount, "payment", p.id,
 		                    now)) < 0)
@@ -105,15 +108,16 @@ done:
 }
 
 static const pay__field notify_fields[] = {
-    {"notify_id", F_STRING, 0}, {"payment_id", F_STRING, 1}, {"channel_txn_id", F_STRING, 1},
-    {"status", F_STRING, 1},    {"amount", F_INT, 1},
+    {"notify_id", F_STRING, 0, V_NATURAL_KEY, 1},  {"channel_txn_id", F_STRING, 1, V_NATURAL_KEY, 0},
+    {"payment_id", F_STRING, 1, V_ID, 0},          {"status", F_STRING, 1, V_NOTIFY_STATUS, 0},
+    {"amount", F_INT, 1, V_AMOUNT, 0},
 };
 
 void idem_pay_notify_async(idem_pay *pay, const idem_pay_request *rq, idem_done_fn done,
                            void *done_ctx)
 {
 	pay__op *c = pay__op_new(pay, rq, done, done_ctx);
-	const char *notify_id, *status, *txn_id, *payment_id;
+	const char *notify_id;
 	idem_result *out;
 	int rc;
 
@@ -127,27 +131,7 @@ void idem_pay_notify_async(idem_pay *pay, const idem_pay_request *rq, idem_done_
 		return;
 	}
 	notify_id = pay__str(c->doc, "notify_id");
-	status = pay__str(c->doc, "status");
-	txn_id = pay__str(c->doc, "channel_txn_id");
-	payment_id = pay__str(c->doc, "payment_id");
-	if (!notify_id && !rq->key)
-		rc = pay__reject(out, 400, "missing_idempotency_key",
-		                 "send an Idempotency-Key header or a notify_id");
-	else if (!notify_id || idem_natural_key_validate(notify_id, strlen(notify_id)) < 0)
-		rc = pay__reject(out, 400, "invalid_request",
-		                 "'notify_id' must be 1..64 of A-Z a-z 0-9 _ - .");
-	else if (idem_natural_key_validate(txn_id, strlen(txn_id)) < 0)
-		rc = pay__reject(out, 400, "invalid_request",
-		                 "'channel_txn_id' must be 1..64 of A-Z a-z 0-9 _ - .");
-	else if (idem_natural_key_validate(payment_id, strlen(payment_id)) < 0)
-		rc = pay__reject(out, 400, "invalid_request", "'payment_id' is malformed");
-	else if (strcmp(status, "SUCCESS") != 0 && strcmp(status, "FAILED") != 0)
-		rc = pay__reject(out, 400, "invalid_request", "'status' must be SUCCESS or FAILED");
-	else if (!pay__valid_amount(pay__int(c->doc, "amount")))
-		rc = pay__reject(out, 400, "invalid_request",
-		                 "'amount' must be an integer from 1 to 10^15 minor units");
-	else if ((rc = pay__fingerprint(c->fp, rq, c->doc)) ==
-	         0) {
+	if ((rc = pay__fingerprint(c->fp, rq, c->doc)) == 0) {
 		pay__start(c, "notification", notify_id, pay->opts.notification_ttl_ms, notify_work,
 		           NULL, 0);
 		return;

@@ -30,6 +30,11 @@ int pay__payment_load(idem_pay *pay, idem_txn *txn, pay__payment *p, const char 
 int pay__payment_load_by_order(idem_pay *pay, idem_txn *txn, pay__payment *p, const char *merchant,
                                const char *order_no);
 
+/* The answer for an existing resource: 200 of existing when fp equals
+ * existing_fp, else 409 business_key_conflict naming existing_id. */
+int pay__backstop(idem_response *resp, json_t *existing, const char *existing_id,
+                  const char *existing_fp, const char *fp, const char *what);
+
 /* The API object of a payment (new reference). */
 json_t *pay__payment_object(const pay__payment *p);
 

@@ -5,9 +5,11 @@
  * answer slowly, it runs in two phases (claim committed, channel called,
  * payment written with the completion) so duplicates meanwhile see 409.
  */
+#include <openssl/crypto.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "pay/channel.h"
 #include "pay/payment.h"
 #include "util/clock.h"
 #include "util/error.h"
@@ -117,7 +119,7 @@ json_t *pay__payment_object(const pay__payment *p)
 }
 
 /* The answer for an existing resource: 200 of it, or 409 with its id. */
-static int backstop(idem_response *resp, json_t *existing, const char *existing_id,
+int pay__backstop(idem_response *resp, json_t *existing, const char *existing_id,
                     const char *existing_fp, const char *fp, const char *what)
 {
 	char detail[160], *body = NULL;
@@ -135,18 +137,52 @@ static int backstop(idem_response *resp, json_t *existing, const char *existing_
 	return rc;
 }
 
+/* The order number exists under another idempotency key: the backstop. */
+static int order_exists(idem_txn *txn, pay__op *c, idem_response *resp)
+{
+	pay__payment p = {0};
+	json_t *obj = NULL;
+	int rc;
+
+	rc = pay__payment_load_by_order(c->pay, txn, &p, c->rq->caller,
+	                                pay__str(c->doc, "merchant_order_no"));
+	if (rc == 0 && !p.found)
+		rc = idem__error(IDEM_ERETRY, "conflicting payment vanished");
+	else if (rc == 0 && !(obj = pay__payment_object(&p)))
+		rc = idem__error(IDEM_ENOMEM, "out of memory");
+	else if (rc == 0)
+		rc = pay__backstop(resp, obj, p.id, p.fingerprint, c->fp, "payment");
+	json_decref(obj);
+	pay__payment_clear(&p);
+	return rc;
+}
+
+/* The new payment's row, as inserted, with meta_text taken over. */
+static void new_row(pay__payment *p, pay__op *c, char *meta_text, int64_t now)
+{
+	json_t *d = c->doc;
+
+	snprintf(p->merchant_id, sizeof(p->merchant_id), "%s", c->rq->caller);
+	snprintf(p->order_no, sizeof(p->order_no), "%s", pay__str(d, "merchant_order_no"));
+	p->amount = pay__int(d, "amount");
+	snprintf(p->currency, sizeof(p->currency), "%s", pay__str(d, "currency"));
+	snprintf(p->channel, sizeof(p->channel), "%s", pay__str(d, "channel"));
+	snprintf(p->status, sizeof(p->status), "processing");
+	p->created_at = p->updated_at = now;
+	p->metadata = meta_text;
+}
+
 static int create_payment_work(idem_txn *txn, void *vctx, idem_response *resp)
 {
 	pay__op *c = vctx;
 	json_t *d = c->doc, *meta = json_object_get(d, "metadata"), *obj = NULL;
-	const char *channel = pay__str(d, "channel");
+	const char *channel = pay__str(d, "channel"), *desc = pay__str(d, "description");
 	char *meta_text = NULL;
 	pay__payment p = {0};
 	int64_t now = pay__now(c->pay);
 	int rc, known = 0;
 
-	rc = pay__channel_exists(c->pay, txn, channel, &known);
-	if (rc < 0)
+	if ((rc = pay__channel_exists(c->pay, txn, channel, &known)) < 0)
 		goto done;
 	if (!known) {
 		resp->persist = 0; /* a validation error: not stored */
@@ -160,7 +196,6 @@ static int create_payment_work(idem_txn *txn, void *vctx, idem_response *resp)
 		goto done;
 	}
 	{
-		const char *desc = pay__str(d, "description");
 		idem_value v[11] = {
 		    IDEM_V_TEXT(p.id),
 		    IDEM_V_TEXT(c->rq->caller),
@@ -184,43 +219,20 @@ static int create_payment_work(idem_txn *txn, void *vctx, idem_response *resp)
 		    v, 11, NULL);
 	}
 	if (rc == IDEM_ECONFLICT) {
-		/* The order number exists under another idempotency key. */
-		rc = pay__payment_load_by_order(c->pay, txn, &p, c->rq->caller,
-		                                pay__str(d, "merchant_order_no"));
-		if (rc < 0)
-			goto done;
-		if (!p.found) {
-			rc = idem__error(IDEM_ERETRY, "conflicting payment vanished");
-			goto done;
-		}
-		if (!(obj = pay__payment_object(&p))) {
-			rc = idem__error(IDEM_ENOMEM, "out of memory");
-			goto done;
-		}
-		rc = backstop(resp, obj, p.id, p.fingerprint, c->fp, "payment");
+		rc = order_exists(txn, c, resp);
 		goto done;
 	}
 	if (rc < 0)
 		goto done;
 	/* The answer is the row just written: no need to read it back. */
-	snprintf(p.merchant_id, sizeof(p.merchant_id), "%s", c->rq->caller);
-	snprintf(p.order_no, sizeof(p.order_no), "%s", pay__str(d, "merchant_order_no"));
-	p.amount = pay__int(d, "amount");
-	snprintf(p.currency, sizeof(p.currency), "%s", pay__str(d, "currency"));
-	snprintf(p.channel, sizeof(p.channel), "%s", channel);
-	snprintf(p.status, sizeof(p.status), "processing");
-	p.created_at = p.updated_at = now;
-	p.metadata = meta_text;
+	new_row(&p, c, meta_text, now);
 	meta_text = NULL;
-	if (pay__str(d, "description") && !(p.description = strdup(pay__str(d, "description")))) {
+	if (desc && !(p.description = strdup(desc)))
 		rc = idem__error(IDEM_ENOMEM, "out of memory");
-		goto done;
-	}
-	if (!(obj = pay__payment_object(&p))) {
+	else if (!(obj = pay__payment_object(&p)))
 		rc = idem__error(IDEM_ENOMEM, "out of memory");
-		goto done;
-	}
-	rc = pay__json(resp, 201, obj);
+	else
+		rc = pay__json(resp, 201, obj);
 done:
 	json_decref(obj);
 	free(meta_text);
@@ -235,8 +247,12 @@ static void call_mock_channel(idem_pay *pay)
 }
 
 static const pay__field payment_fields[] = {
-    {"merchant_order_no", F_STRING, 0}, {"amount", F_INT, 1},         {"currency", F_STRING, 1},
-    {"channel", F_STRING, 1},           {"description", F_STRING, 0}, {"metadata", F_OBJECT, 0},
+    {"merchant_order_no", F_STRING, 0, V_NATURAL_KEY, 1},
+    {"amount", F_INT, 1, V_AMOUNT, 0},
+    {"currency", F_STRING, 1, V_CURRENCY, 0},
+    {"channel", F_STRING, 1, V_CHANNEL, 0},
+    {"description", F_STRING, 0, V_TEXT255, 0},
+    {"metadata", F_OBJECT, 0, V_ANY, 0},
 };
 
 void idem_pay_create_payment_async(idem_pay *pay, const idem_pay_request *rq, idem_done_fn done,
@@ -244,7 +260,7 @@ void idem_pay_create_payment_async(idem_pay *pay, const idem_pay_request *rq, id
 {
 	pay__op *c = pay__op_new(pay, rq, done, done_ctx);
 	idem_result *out;
-	const char *order_no, *desc;
+	const char *order_no;
 	int rc;
 
 	if (!c)
@@ -257,28 +273,23 @@ void idem_pay_create_payment_async(idem_pay *pay, const idem_pay_request *rq, id
 		return;
 	}
 	order_no = pay__str(c->doc, "merchant_order_no");
-	desc = pay__str(c->doc, "description");
-	if (!order_no && !rq->key)
-		rc = pay__reject(out, 400, "missing_idempotency_key",
-		                 "send an Idempotency-Key header or a merchant_order_no");
-	else if (!order_no)
-		rc = pay__reject(out, 400, "invalid_request", "'merchant_order_no' is required");
-	else if (idem_natural_key_validate(order_no, strlen(order_no)) < 0)
-		rc = pay__reject(out, 400, "invalid_request",
-		                 "'merchant_order_no' must be 1..64 of A-Z a-z 0-9 _ - .");
-	else if (!pay__valid_amount(pay__int(c->doc, "amount")))
-		rc = pay__reject(out, 400, "invalid_request",
-		                 "'amount' must be an integer from 1 to 10^15 minor units");
-	else if (!pay__valid_currency(pay__str(c->doc, "currency")))
-		rc = pay__reject(out, 400, "invalid_request",
-		                 "'currency' must be three upper-case letters");
-	else if (!pay__valid_channel_name(pay__str(c->doc, "channel")))
-		rc = pay__reject(out, 400, "invalid_request",
-		                 "'channel' must be 1..32 of a-z 0-9 _ -");
-	else if (desc && strlen(desc) > 255)
-		rc = pay__reject(out, 400, "invalid_request",
-		                 "'description' must be at most 255 bytes");
-	else if ((rc = pay__fingerprint(c->fp, rq, c->doc)) == 0) {
+	if ((rc = pay__fingerprint(c->fp, rq, c->doc)) == 0) {
+		pay__chan ch;
+		int found = 0;
+
+		/* A connected channel: two phases, the call on the channel pool. */
+		if (strcmp(pay__str(c->doc, "channel"), "mock") != 0 &&
+		    (rc = pay__chan_get(pay, pay__str(c->doc, "channel"), &ch, &found)) == 0 &&
+		    found && ch.base_url[0]) {
+			pay__chan_payment_start(c, &ch);
+			OPENSSL_cleanse(&ch, sizeof(ch));
+			return;
+		}
+		OPENSSL_cleanse(&ch, sizeof(ch));
+		if (rc < 0) {
+			pay__finish(c, rc);
+			return;
+		}
 		pay__start(c, "payment", order_no, pay->opts.ttl_ms, create_payment_work,
 		           pay->opts.mock_channel_delay_ms > 0 &&
 		                   strcmp(pay__str(c->doc, "channel"), "mock") == 0

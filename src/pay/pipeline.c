@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pay/channel.h"
 #include "pay/internal.h"
 #include "util/error.h"
 #include "util/waiter.h"
@@ -80,6 +81,19 @@ static void on_done(void *ctx, int rc, idem_result *res)
 	pay__finish(op, rc);
 }
 
+void pay__op_done(pay__op *op, int rc, idem_result *res)
+{
+	on_done(op, rc, res);
+}
+
+static void two_phase_done(idem_pay *pay)
+{
+	pthread_mutex_lock(&pay->channels_lock);
+	if (--pay->two_phase == 0)
+		pthread_cond_broadcast(&pay->idle);
+	pthread_mutex_unlock(&pay->channels_lock);
+}
+
 static void *two_phase_main(void *arg)
 {
 	pay__op *op = arg;
@@ -100,15 +114,27 @@ static void *two_phase_main(void *arg)
 	}
 	on_done(op, rc, &res); /* frees op */
 	idem_result_clear(&res);
-	pthread_mutex_lock(&pay->channels_lock);
-	if (--pay->two_phase == 0)
-		pthread_cond_broadcast(&pay->idle);
-	pthread_mutex_unlock(&pay->channels_lock);
+	two_phase_done(pay);
 	return NULL;
 }
 
-void pay__start(pay__op *op, const char *type, const char *natural, int64_t ttl_ms,
-                idem_work_fn work, void (*before_work)(idem_pay *pay), int backstop)
+typedef struct {
+	pay__job job;
+	pay__op *op;
+} op_job;
+
+static void op_job_run(pay__job *job, CURL *h)
+{
+	op_job *j = (op_job *)job;
+	pay__op *op = j->op;
+
+	(void)h;
+	free(j);
+	two_phase_main(op);
+}
+
+void pay__op_request(pay__op *op, const char *type, const char *natural, int64_t ttl_ms,
+                     int backstop)
 {
 	const idem_pay_request *rq = op->rq;
 
@@ -120,6 +146,12 @@ void pay__start(pay__op *op, const char *type, const char *natural, int64_t ttl_
 	op->req.key_len = rq->key ? rq->key_len : strlen(natural);
 	op->req.fingerprint = op->fp;
 	op->req.ttl_ms = ttl_ms;
+}
+
+void pay__start(pay__op *op, const char *type, const char *natural, int64_t ttl_ms,
+                idem_work_fn work, void (*before_work)(idem_pay *pay), int backstop)
+{
+	pay__op_request(op, type, natural, ttl_ms, backstop);
 	if (!before_work) {
 		idem_execute_async(op->pay->store, &op->req, work, op, on_done, op);
 		return;
@@ -127,28 +159,33 @@ void pay__start(pay__op *op, const char *type, const char *natural, int64_t ttl_
 	/*
 	 * Two phases: the claim commits PROCESSING, the channel is called with no
 	 * transaction open, and the work lands with the completion. The channel
-	 * may take seconds, so this runs on a thread of its own: blocking the
-	 * caller's (an HTTP server thread) would stall every other connection
-	 * that thread serves.
+	 * may take seconds, so this runs on the channel pool (chanpool.c):
+	 * blocking the caller's thread (an HTTP server thread) would stall every
+	 * other connection it serves, and a thread per request has no bound.
 	 */
 	op->work = work;
 	op->before_work = before_work;
-	pthread_mutex_lock(&op->pay->channels_lock);
-	op->pay->two_phase++;
-	pthread_mutex_unlock(&op->pay->channels_lock);
 	{
-		pthread_t th;
-		pthread_attr_t attr;
-		int started;
+		pay__pool *pool = pay__pool_get(op->pay);
+		op_job *j = pool ? calloc(1, sizeof(*j)) : NULL;
 
-		pthread_attr_init(&attr);
-		pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-		started = pthread_create(&th, &attr, two_phase_main, op) == 0;
-		pthread_attr_destroy(&attr);
-		if (started)
+		if (!j) {
+			pay__finish(op, idem__error(IDEM_ENOMEM, "cannot start a two-phase request"));
 			return;
+		}
+		j->job.run = op_job_run;
+		j->op = op;
+		pthread_mutex_lock(&op->pay->channels_lock);
+		op->pay->two_phase++;
+		pthread_mutex_unlock(&op->pay->channels_lock);
+		if (pay__pool_submit(pool, &j->job) == 0)
+			return;
+		free(j);
+		two_phase_done(op->pay);
+		pay__reject(&op->res, 503, "channel_busy",
+		            "too many channel calls are waiting; retry later");
+		pay__finish(op, 0);
 	}
-	two_phase_main(op); /* no thread to be had: do it here */
 }
 
 int pay__wait(idem_result *out, idem_pay *pay, const idem_pay_request *rq, pay__async_fn fn)

@@ -139,10 +139,10 @@ static int transfer_work(idem_txn *txn, void *vctx, idem_response *resp)
 }
 
 static const pay__field transfer_fields[] = {
-    {"transfer_no", F_STRING, 0},
-    {"to_merchant", F_STRING, 1},
-    {"amount", F_INT, 1},
-    {"currency", F_STRING, 1},
+    {"transfer_no", F_STRING, 0, V_NATURAL_KEY, 1},
+    {"to_merchant", F_STRING, 1, V_ID, 0},
+    {"amount", F_INT, 1, V_AMOUNT, 0},
+    {"currency", F_STRING, 1, V_CURRENCY, 0},
 };
 
 void idem_pay_transfer_async(idem_pay *pay, const idem_pay_request *rq, idem_done_fn done,
@@ -164,24 +164,10 @@ void idem_pay_transfer_async(idem_pay *pay, const idem_pay_request *rq, idem_don
 	}
 	no = pay__str(c->doc, "transfer_no");
 	to = pay__str(c->doc, "to_merchant");
-	if (!no && !rq->key)
-		rc = pay__reject(out, 400, "missing_idempotency_key",
-		                 "send an Idempotency-Key header or a transfer_no");
-	else if (!no || idem_natural_key_validate(no, strlen(no)) < 0)
-		rc = pay__reject(out, 400, "invalid_request",
-		                 "'transfer_no' must be 1..64 of A-Z a-z 0-9 _ - .");
-	else if (idem_natural_key_validate(to, strlen(to)) < 0)
-		rc = pay__reject(out, 400, "invalid_request", "'to_merchant' is malformed");
-	else if (strcmp(to, rq->caller) == 0)
+	/* The one check a field table cannot say: the payee is someone else. */
+	if (strcmp(to, rq->caller) == 0)
 		rc = pay__reject(out, 400, "invalid_request", "'to_merchant' cannot be the sender");
-	else if (!pay__valid_amount(pay__int(c->doc, "amount")))
-		rc = pay__reject(out, 400, "invalid_request",
-		                 "'amount' must be an integer from 1 to 10^15 minor units");
-	else if (!pay__valid_currency(pay__str(c->doc, "currency")))
-		rc = pay__reject(out, 400, "invalid_request",
-		                 "'currency' must be three upper-case letters");
-	else if ((rc = pay__fingerprint(c->fp, rq, c->doc)) ==
-	         0) {
+	else if ((rc = pay__fingerprint(c->fp, rq, c->doc)) == 0) {
 		pay__start(c, "transfer", no, pay->opts.ttl_ms, transfer_work, NULL, 1);
 		return;
 	}

@@ -311,7 +311,7 @@ void answer_result(http_answer *a, int rc, idem_result *res)
 	res->body_len = 0;
 	a->content_type = NULL;
 	a->replayed = res->outcome == IDEM_REPLAY;
-	a->retry_after = res->outcome == IDEM_IN_PROGRESS ? 1 : 0;
+	a->retry_after = res->outcome == IDEM_IN_PROGRESS || res->http_status == 503 ? 1 : 0;
 	a->outcome = res->outcome ? idem_outcome_name(res->outcome) : "-";
 	if (res->outcome == IDEM_FIRST && !res->stored)
 		a->outcome = "rejected";

@@ -58,6 +58,17 @@ static void usage(FILE *f)
 	    "  --cache-entries N         front cache entry cap [IDEM_CACHE_ENTRIES] (200000)\n"
 	    "  --mock-channel-delay-ms N the mock channel answers after N ms; payments on it\n"
 	    "                            then run in two phases [IDEM_MOCK_CHANNEL_DELAY_MS] (0)\n"
+	    "  --public-url URL          this service as channels reach it; notify_url is\n"
+	    "                            URL/v1/notifications/NAME [IDEM_PUBLIC_URL]\n"
+	    "                            (http://LISTEN)\n"
+	    "  --channel-workers N       threads calling connected channels\n"
+	    "                            [IDEM_CHANNEL_WORKERS] (8)\n"
+	    "  --channel-queue N         channel calls that may wait for a worker; more\n"
+	    "                            are answered 503 channel_busy [IDEM_CHANNEL_QUEUE] (1024)\n"
+	    "  --sweep-interval-ms MS    how often the sweeper resolves payments left\n"
+	    "                            'creating', 0 = never [IDEM_SWEEP_INTERVAL_MS] (10000)\n"
+	    "  --sweep-age-ms MS         how old such a payment must be first\n"
+	    "                            [IDEM_SWEEP_AGE_MS] (30000)\n"
 	    "  --secret-key-file PATH    seal channel secrets at rest with this key (32 bytes\n"
 	    "                            or 64 hex digits, mode 600) [IDEM_SECRET_KEY_FILE]\n"
 	    "  -h, --help                this text\n"
@@ -127,6 +138,11 @@ typedef enum {
 	OPT_SECRET_KEY_FILE,
 	OPT_REQUEST_TIMEOUT,
 	OPT_MAX_CONN_PER_IP,
+	OPT_PUBLIC_URL,
+	OPT_CHANNEL_WORKERS,
+	OPT_CHANNEL_QUEUE,
+	OPT_SWEEP_INTERVAL,
+	OPT_SWEEP_AGE,
 } opt_id;
 
 /* --secret-key-file: kept here, read once the store is open. */
@@ -154,6 +170,11 @@ static const struct {
     {OPT_SECRET_KEY_FILE, "IDEM_SECRET_KEY_FILE"},
     {OPT_REQUEST_TIMEOUT, "IDEM_REQUEST_TIMEOUT"},
     {OPT_MAX_CONN_PER_IP, "IDEM_MAX_CONNECTIONS_PER_IP"},
+    {OPT_PUBLIC_URL, "IDEM_PUBLIC_URL"},
+    {OPT_CHANNEL_WORKERS, "IDEM_CHANNEL_WORKERS"},
+    {OPT_CHANNEL_QUEUE, "IDEM_CHANNEL_QUEUE"},
+    {OPT_SWEEP_INTERVAL, "IDEM_SWEEP_INTERVAL_MS"},
+    {OPT_SWEEP_AGE, "IDEM_SWEEP_AGE_MS"},
 };
 
 static int apply(server_config *c, opt_id id, const char *v, const char *from)
@@ -198,6 +219,15 @@ static int apply(server_config *c, opt_id id, const char *v, const char *from)
 		break;
 	case OPT_REQUEST_TIMEOUT: bad = parse_int(v, 1, 3600, &c->request_timeout_s); break;
 	case OPT_MAX_CONN_PER_IP: bad = parse_int(v, 0, 100000, &c->max_connections_per_ip); break;
+	case OPT_PUBLIC_URL:
+		bad = (strncmp(v, "http://", 7) != 0 && strncmp(v, "https://", 8) != 0) ||
+		      snprintf(c->public_url, sizeof(c->public_url), "%s", v) >=
+		          (int)sizeof(c->public_url);
+		break;
+	case OPT_CHANNEL_WORKERS: bad = parse_int(v, 1, 1024, &c->channel_workers); break;
+	case OPT_CHANNEL_QUEUE: bad = parse_int(v, 1, 1000000, &c->channel_queue); break;
+	case OPT_SWEEP_INTERVAL: bad = parse_int(v, 0, 86400000, &c->sweep_interval_ms); break;
+	case OPT_SWEEP_AGE: bad = parse_int(v, 0, 86400000, &c->sweep_age_ms); break;
 	}
 	if (bad)
 		fprintf(stderr, "idemd: invalid value '%s' for %s (see --help)\n", v, from);
@@ -225,6 +255,11 @@ static int configure(server_config *c, int argc, char **argv)
 	    {"secret-key-file", required_argument, NULL, OPT_SECRET_KEY_FILE},
 	    {"request-timeout", required_argument, NULL, OPT_REQUEST_TIMEOUT},
 	    {"max-connections-per-ip", required_argument, NULL, OPT_MAX_CONN_PER_IP},
+	    {"public-url", required_argument, NULL, OPT_PUBLIC_URL},
+	    {"channel-workers", required_argument, NULL, OPT_CHANNEL_WORKERS},
+	    {"channel-queue", required_argument, NULL, OPT_CHANNEL_QUEUE},
+	    {"sweep-interval-ms", required_argument, NULL, OPT_SWEEP_INTERVAL},
+	    {"sweep-age-ms", required_argument, NULL, OPT_SWEEP_AGE},
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
@@ -250,6 +285,10 @@ static int configure(server_config *c, int argc, char **argv)
 	c->queue_timeout_ms = 5000;
 	c->cache_mb = 64;
 	c->cache_entries = 200000;
+	c->channel_workers = 8;
+	c->channel_queue = 1024;
+	c->sweep_interval_ms = 10000;
+	c->sweep_age_ms = 30000;
 	/* The environment first, so flags override it. */
 	for (size_t i = 0; i < sizeof(env_names) / sizeof(env_names[0]); i++) {
 		const char *v = getenv(env_names[i].env);
@@ -349,12 +388,23 @@ int main(int argc, char **argv)
 	}
 	po.ttl_ms = cfg.ttl_ms;
 	po.mock_channel_delay_ms = cfg.mock_channel_delay_ms;
+	po.channel_workers = cfg.channel_workers;
+	po.channel_queue = cfg.channel_queue;
+	if (!cfg.public_url[0])
+		snprintf(cfg.public_url, sizeof(cfg.public_url), "http://%s", cfg.listen);
+	po.public_url = cfg.public_url;
 	if ((rc = idem_pay_open(&st.pay, st.store, &po)) < 0) {
 		log_msg("error", "cannot start: %s", idem_error_last()->message);
 		goto done;
 	}
 	if (use_secret_key(st.pay) < 0)
 		goto done;
+	/* Payments left 'creating' by lost channel answers or dead instances. */
+	if (cfg.sweep_interval_ms > 0 &&
+	    idem_pay_sweeper_start(st.pay, cfg.sweep_interval_ms, cfg.sweep_age_ms) < 0) {
+		log_msg("error", "cannot start the sweeper: %s", idem_error_last()->message);
+		goto done;
+	}
 	/* Outcome counters go to the store every few seconds, so that
 	 * `idemctl stats` sees every instance (never a write per request). */
 	if (idem_stats_flusher_start(&stats, st.store, NULL) < 0)

@@ -220,6 +220,20 @@ static int h_metrics(server_state *s, http_req *r, route_match *m, http_answer *
 		answer_problem(a, 500, "internal_error", "cannot render metrics");
 		return 0;
 	}
+	{
+		/* The channel and sweeper counters, from the payment domain. */
+		char *more = NULL, *all;
+		size_t n = 0;
+
+		if (idem_pay_metrics_text(s->pay, &more, &n) == 0 &&
+		    (all = realloc(a->body, a->len + n + 1))) {
+			memcpy(all + a->len, more, n);
+			a->len += n;
+			all[a->len] = '\0';
+			a->body = all;
+		}
+		free(more);
+	}
 	a->status = 200;
 	a->content_type = "text/plain; version=0.0.4; charset=utf-8";
 	return 0;

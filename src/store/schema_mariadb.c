@@ -177,7 +177,33 @@ static const char *const migration_3[] = {
     NULL,
 };
 
-const char *const *const idem__my_migrations[] = {migration_1, migration_2, migration_3};
+/* 4: connected channels (CHANNEL.md): see schema_sqlite.c. Each statement
+ * can run again (IF NOT EXISTS; MODIFY restates the column). */
+static const char *const migration_4[] = {
+    "ALTER TABLE channels ADD COLUMN IF NOT EXISTS base_url VARCHAR(512) NULL",
+    "ALTER TABLE channels ADD COLUMN IF NOT EXISTS timeout_ms BIGINT NOT NULL DEFAULT 5000",
+    "ALTER TABLE payments MODIFY status VARCHAR(32) NOT NULL CHECK (status IN ('creating',"
+    " 'processing','succeeded','failed','partially_refunded','refunded'))",
+    "ALTER TABLE payments ADD COLUMN IF NOT EXISTS idem_key VARCHAR(255) CHARACTER SET utf8mb4"
+    " COLLATE utf8mb4_nopad_bin NULL",
+    "ALTER TABLE payments ADD COLUMN IF NOT EXISTS channel_code VARCHAR(64) NULL",
+    "CREATE INDEX IF NOT EXISTS payments_status ON payments (status, updated_at)",
+    "ALTER TABLE refunds ADD COLUMN IF NOT EXISTS channel_refund_id VARCHAR(255) NULL",
+    "ALTER TABLE refunds ADD COLUMN IF NOT EXISTS idem_key VARCHAR(255) CHARACTER SET utf8mb4"
+    " COLLATE utf8mb4_nopad_bin NULL",
+    "ALTER TABLE refunds ADD COLUMN IF NOT EXISTS updated_at BIGINT NULL",
+    "ALTER TABLE refunds ADD COLUMN IF NOT EXISTS channel_code VARCHAR(64) NULL",
+    "CREATE INDEX IF NOT EXISTS refunds_status ON refunds (status, updated_at)",
+    "CREATE TABLE IF NOT EXISTS sweeper_lease ("
+    " name VARCHAR(64) NOT NULL PRIMARY KEY,"
+    " holder VARCHAR(64) NOT NULL,"
+    " lease_until BIGINT NOT NULL"
+    ")" PAY_TABLE,
+    NULL,
+};
+
+const char *const *const idem__my_migrations[] = {migration_1, migration_2, migration_3,
+                                                  migration_4};
 
 _Static_assert(sizeof(idem__my_migrations) / sizeof(idem__my_migrations[0]) ==
                    IDEM__MY_SCHEMA_LATEST,

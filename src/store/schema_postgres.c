@@ -146,6 +146,25 @@ const char *const idem__pg_migrations[] = {
     " imported_at BIGINT NOT NULL,"
     " CONSTRAINT recon_rows_txn UNIQUE (channel, channel_txn_id)"
     ");",
+    /* 4: connected channels (CHANNEL.md): see schema_sqlite.c. */
+    "ALTER TABLE channels ADD COLUMN base_url TEXT;"
+    "ALTER TABLE channels ADD COLUMN timeout_ms BIGINT NOT NULL DEFAULT 5000;"
+    "ALTER TABLE payments DROP CONSTRAINT payments_status_check;"
+    "ALTER TABLE payments ADD CONSTRAINT payments_status_check CHECK (status IN"
+    " ('creating','processing','succeeded','failed','partially_refunded','refunded'));"
+    "ALTER TABLE payments ADD COLUMN idem_key TEXT COLLATE \"C\";"
+    "ALTER TABLE payments ADD COLUMN channel_code TEXT;"
+    "CREATE INDEX payments_status ON payments (status, updated_at);"
+    "ALTER TABLE refunds ADD COLUMN channel_refund_id TEXT;"
+    "ALTER TABLE refunds ADD COLUMN idem_key TEXT COLLATE \"C\";"
+    "ALTER TABLE refunds ADD COLUMN updated_at BIGINT;"
+    "ALTER TABLE refunds ADD COLUMN channel_code TEXT;"
+    "CREATE INDEX refunds_status ON refunds (status, updated_at);"
+    "CREATE TABLE sweeper_lease ("
+    " name TEXT PRIMARY KEY,"
+    " holder TEXT NOT NULL,"
+    " lease_until BIGINT NOT NULL"
+    ");",
 };
 
 _Static_assert(sizeof(idem__pg_migrations) / sizeof(idem__pg_migrations[0]) ==

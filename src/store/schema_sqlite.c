@@ -147,6 +147,57 @@ const char *const idem__sqlite_migrations[] = {
     " imported_at INTEGER NOT NULL,"
     " UNIQUE (channel, channel_txn_id)"
     ");",
+
+    /* 4: connected channels (CHANNEL.md). A channel with a base_url is
+     * called by idemd; a payment on it is 'creating' from the committed
+     * claim until the channel gives a definite answer. SQLite cannot alter
+     * a CHECK, so payments is rebuilt (the documented 12-step procedure:
+     * sqlite.c runs migrations with foreign keys off and checks them before
+     * COMMIT). idem_key is the claim's key, so the sweeper can settle a
+     * record its owner left PROCESSING and a retry under it gets its own
+     * answer; channel_code is the channel's refusal of a failed payment.
+     * sweeper_lease holds one row per background task: whoever holds it
+     * unexpired runs it. */
+    "ALTER TABLE channels ADD COLUMN base_url TEXT;"
+    "ALTER TABLE channels ADD COLUMN timeout_ms INTEGER NOT NULL DEFAULT 5000;"
+    "CREATE TABLE payments_v4 ("
+    " id TEXT PRIMARY KEY,"
+    " merchant_id TEXT NOT NULL REFERENCES merchants (id),"
+    " merchant_order_no TEXT NOT NULL,"
+    " amount INTEGER NOT NULL CHECK (amount BETWEEN 1 AND 1000000000000000),"
+    " currency TEXT NOT NULL CHECK (length(currency) = 3),"
+    " channel TEXT NOT NULL REFERENCES channels (name),"
+    " description TEXT,"
+    " metadata TEXT,"
+    " status TEXT NOT NULL CHECK (status IN ('creating','processing','succeeded','failed',"
+    "  'partially_refunded','refunded')),"
+    " refunded_amount INTEGER NOT NULL CHECK (refunded_amount BETWEEN 0 AND amount),"
+    " channel_txn_id TEXT,"
+    " fingerprint TEXT NOT NULL,"
+    " created_at INTEGER NOT NULL,"
+    " updated_at INTEGER NOT NULL,"
+    " idem_key TEXT,"
+    " channel_code TEXT,"
+    " UNIQUE (merchant_id, merchant_order_no)"
+    ");"
+    "INSERT INTO payments_v4 (id, merchant_id, merchant_order_no, amount, currency, channel,"
+    " description, metadata, status, refunded_amount, channel_txn_id, fingerprint, created_at,"
+    " updated_at) SELECT id, merchant_id, merchant_order_no, amount, currency, channel,"
+    " description, metadata, status, refunded_amount, channel_txn_id, fingerprint, created_at,"
+    " updated_at FROM payments;"
+    "DROP TABLE payments;"
+    "ALTER TABLE payments_v4 RENAME TO payments;"
+    "CREATE INDEX payments_status ON payments (status, updated_at);"
+    "ALTER TABLE refunds ADD COLUMN channel_refund_id TEXT;"
+    "ALTER TABLE refunds ADD COLUMN idem_key TEXT;"
+    "ALTER TABLE refunds ADD COLUMN updated_at INTEGER;"
+    "ALTER TABLE refunds ADD COLUMN channel_code TEXT;"
+    "CREATE INDEX refunds_status ON refunds (status, updated_at);"
+    "CREATE TABLE sweeper_lease ("
+    " name TEXT PRIMARY KEY,"
+    " holder TEXT NOT NULL,"
+    " lease_until INTEGER NOT NULL"
+    ");",
 };
 
 _Static_assert(sizeof(idem__sqlite_migrations) / sizeof(idem__sqlite_migrations[0]) ==

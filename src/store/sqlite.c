@@ -373,6 +373,23 @@ static int sqlite_schema_version(idem__backend *be, int *out)
 	return rc;
 }
 
+/* 0 when PRAGMA foreign_key_check finds no violation, IDEM_ESCHEMA else. */
+static int foreign_keys_intact(conn *c)
+{
+	sqlite3_stmt *st = NULL;
+	int src = sqlite3_prepare_v2(c->db, "PRAGMA foreign_key_check", -1, &st, NULL);
+
+	if (src != SQLITE_OK)
+		return fail(c->db, src, CTX_PLAIN, "foreign key check");
+	src = sqlite3_step(st);
+	sqlite3_finalize(st);
+	if (src == SQLITE_ROW)
+		return idem__error(IDEM_ESCHEMA, "migration left a foreign key violation");
+	if (src != SQLITE_DONE)
+		return fail(c->db, src, CTX_PLAIN, "foreign key check");
+	return 0;
+}
+
 /*
  * Each pending version runs in the same BEGIN IMMEDIATE transaction as the
  * row recording it, so two processes migrating at once serialise on the
@@ -385,6 +402,11 @@ static int sqlite_migrate(idem__backend *be, int *version_out)
 	char *errmsg = NULL;
 
 	wlock_take(be);
+	/* A migration may rebuild a table (schema_sqlite.c, version 4): SQLite's
+	 * procedure for that runs with foreign keys off (the pragma is a no-op
+	 * inside a transaction) and checks them before COMMIT. */
+	if ((rc = exec_plain(c, "PRAGMA foreign_keys=OFF")) < 0)
+		goto unlock;
 	if ((rc = exec_plain(c, "BEGIN IMMEDIATE")) < 0)
 		goto unlock;
 	if ((rc = exec_plain(c, "CREATE TABLE IF NOT EXISTS idem_schema_version ("
@@ -411,7 +433,7 @@ static int sqlite_migrate(idem__backend *be, int *version_out)
 			goto rollback;
 		cur = v;
 	}
-	if ((rc = exec_plain(c, "COMMIT")) < 0)
+	if ((rc = foreign_keys_intact(c)) < 0 || (rc = exec_plain(c, "COMMIT")) < 0)
 		goto rollback;
 	if (version_out)
 		*version_out = cur;
@@ -419,6 +441,8 @@ static int sqlite_migrate(idem__backend *be, int *version_out)
 rollback:
 	sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
 unlock:
+	if (exec_plain(c, "PRAGMA foreign_keys=ON") < 0 && rc == 0)
+		rc = idem__error(IDEM_ESTORE, "cannot turn foreign keys back on after migrating");
 	wlock_drop(be);
 	return rc;
 }

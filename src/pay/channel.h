@@ -1,0 +1,124 @@
+/*
+ * pay/channel.h: connected payment channels (../shared/CHANNEL.md). A
+ * channel with a base URL is called over HTTP by idemd: its configuration
+ * (cached for a few seconds), the client that signs requests and sorts every
+ * answer into definite or unknown, the bounded pool of workers that make the
+ * calls (never an HTTP thread, never a thread per request), the two-phase
+ * payment and refund flows, and the sweeper that resolves what nobody came
+ * back for.
+ */
+#ifndef IDEM_PAY_CHANNEL_H
+#define IDEM_PAY_CHANNEL_H
+
+#include <curl/curl.h>
+#include <jansson.h>
+
+#include "pay/internal.h"
+
+/* A channel as the client needs it. The secret is the opened one. */
+typedef struct {
+	char name[IDEM_PAY_CHANNEL_MAX + 1];
+	char base_url[512]; /* "" when the channel only receives notifications */
+	char secret[IDEM_PAY_SECRET_SIZE];
+	int64_t timeout_ms;
+} pay__chan;
+
+/*
+ * The configuration of channel name, from a cache refreshed every few
+ * seconds. *found 0 when no such channel. The caller cleanses out->secret.
+ */
+int pay__chan_get(idem_pay *pay, const char *name, pay__chan *out, int *found);
+/* The same from the store, uncached (merchants.c). */
+int pay__chan_load(idem_pay *pay, const char *name, pay__chan *out, int *found);
+
+/* What a channel's answer means (CHANNEL.md, "Outcomes"). */
+typedef enum {
+	PAY__CH_OK = 0,       /* 2xx with code OK: definite */
+	PAY__CH_DECLINED = 1, /* 4xx with a code: a definite refusal */
+	PAY__CH_UNKNOWN = 2,  /* anything else: the call may or may not have taken effect */
+} pay__ch_outcome;
+
+#define PAY__CH_CALLS 5
+typedef enum {
+	PAY__CALL_CREATE,
+	PAY__CALL_QUERY,
+	PAY__CALL_CLOSE,
+	PAY__CALL_REFUND,
+	PAY__CALL_REFUND_QUERY
+} pay__ch_kind;
+
+typedef struct {
+	pay__ch_outcome outcome;
+	int http_status; /* 0 when no answer came */
+	json_t *doc;     /* the answer's JSON (OK and DECLINED), owned */
+	char code[64];   /* the answer's code member */
+	char why[96];    /* UNKNOWN: what went wrong (for the log; never a secret) */
+} pay__ch_reply;
+
+void pay__ch_reply_clear(pay__ch_reply *r);
+
+/*
+ * One call: method "GET" or "POST" to ch->base_url + path with body (POST;
+ * NULL for GET), signed, on curl handle h (a worker's own: connections to
+ * the channel are reused). Never fails: every problem is an UNKNOWN reply.
+ * Counted in the channel metrics under call.
+ */
+void pay__ch_call(idem_pay *pay, CURL *h, const pay__chan *ch, pay__ch_kind call,
+                  const char *method, const char *path, const char *body, pay__ch_reply *out);
+
+/* ---- the pool of channel workers (chanpool.c) ---- */
+
+typedef struct pay__job pay__job;
+struct pay__job {
+	void (*run)(pay__job *job, CURL *h); /* on a worker; frees job */
+	pay__job *next;
+};
+
+typedef struct pay__pool pay__pool;
+
+int pay__pool_start(pay__pool **out, int workers, int queue_max);
+/* Queue job: 0, or IDEM_ERETRY when the queue is full or the pool stopping. */
+int pay__pool_submit(pay__pool *p, pay__job *job);
+int pay__pool_depth(pay__pool *p);
+/* Run what is queued, then stop the workers and free the pool. NULL is fine. */
+void pay__pool_stop(pay__pool *p);
+
+/* ---- metrics (chanclient.c) ---- */
+
+void pay__ch_count(idem_pay *pay, const char *channel, pay__ch_kind call, pay__ch_outcome outcome);
+void pay__sweep_count(idem_pay *pay, const char *outcome);
+
+/* ---- the flows (chanpay.c) ---- */
+
+/* Start a payment on connected channel ch (two phases on the pool). */
+void pay__chan_payment_start(pay__op *op, const pay__chan *ch);
+/* Start a refund of a payment made on connected channel ch. */
+void pay__chan_refund_start(pay__op *op, const pay__chan *ch);
+
+/*
+ * Move payment id to the channel's order status (PENDING, SUCCESS, FAILED,
+ * CLOSED) from 'creating' (or from 'processing' for a final status),
+ * crediting the merchant once on SUCCESS. *changed 1 when it moved. Inside
+ * txn; takes the merchant's lock for a credit.
+ */
+int pay__apply_order_status(idem_pay *pay, idem_txn *txn, const char *payment_id,
+                            const char *status, const char *channel_txn_id, int *changed);
+
+/* The answer to an unknown outcome: 503 channel_unavailable, not stored. */
+int pay__unavailable(idem_result *res, const char *what, const char *why);
+/* Refunds (refunds.c): the status move, and the POST /refunds body. */
+int pay__refund_apply_status(idem_pay *pay, idem_txn *txn, const char *merchant, const char *id,
+                             const char *status, const char *channel_refund_id, int *changed);
+/* 201 with refund id of merchant as it stands now. */
+int pay__refund_answer(idem_txn *txn, const char *merchant, const char *id, idem_response *resp);
+/* Keep the channel's refusal code on refund id. */
+int pay__refund_set_code(idem_txn *txn, const char *id, const char *code);
+char *pay__refund_body(const char *refund_id, const char *payment_id, int64_t amount);
+
+/* Fail payment id (still 'creating') with the channel's refusal code. */
+int pay__fail_payment(idem_txn *txn, const char *id, const char *code, int64_t now);
+
+/* The stored answer of a refusal: 402 channel_declined with channel_code. */
+int pay__declined_problem(idem_response *resp, const char *code);
+
+#endif
