@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "core/claim_internal.h"
+#include "util/clock.h"
 #include "util/error.h"
 #include "util/waiter.h"
 
@@ -51,7 +52,7 @@ void idem_execute_async(idem_store *store, const idem_request *req, idem_work_fn
 {
 	idem_result res = {0};
 	idem__key k;
-	int rc;
+	int rc, own_deadline = 0;
 
 	if (!done)
 		return; /* nobody to answer: nothing may run unseen */
@@ -69,15 +70,26 @@ void idem_execute_async(idem_store *store, const idem_request *req, idem_work_fn
 		rc = idem__error(IDEM_EINVAL, "idem_execute_async: work is required");
 		goto answer;
 	}
+	/* The request's deadline bounds every store wait from here on (batch.c). */
+	if (store->opts.request_timeout_ms > 0 && !idem__backend_deadline()) {
+		idem__backend_deadline_set(idem__clock_monotonic_us() +
+		                           (int64_t)store->opts.request_timeout_ms * 1000);
+		own_deadline = 1;
+	}
 	if ((rc = idem__fast_path(store, &k, req->fingerprint, &res)) != 0)
 		goto answer;
 	if (!store->batch) {
 		rc = idem__execute_direct(store, &k, req, work, ctx, &res);
 		goto answer;
 	}
-	if ((rc = idem__batch_submit(store->batch, req, work, ctx, done, done_ctx)) == 0)
+	rc = idem__batch_submit(store->batch, req, work, ctx, done, done_ctx);
+	if (own_deadline)
+		idem__backend_deadline_set(0);
+	if (rc == 0)
 		return; /* the writer answers after its COMMIT */
 answer:
+	if (own_deadline)
+		idem__backend_deadline_set(0);
 	if (rc > 0)
 		rc = 0;
 	idem__count(store, req->business_type, rc, &res);

@@ -21,26 +21,39 @@
  * key failures into warnings (DESIGN.md §1). 1213 and 1205 mean "retry",
  * 1062 in business SQL a business conflict, NOT NULL / CHECK / foreign key
  * errors constraint violations, lost connections "store unavailable".
+ * Every call that waits for the server runs on Connector/C's non-blocking
+ * API (MYSQL_OPT_NONBLOCK, *_start / *_cont, poll here), bounded by the
+ * read/write timeouts and by its deadline (the thread's, else now +
+ * opts.request_timeout_ms; 500 ms for the ping, which has a connection of
+ * its own): a server that stops answering fails the call as unavailable and
+ * the connection is shut down and dropped, never reused.
+ *
  * This file must never print or read the environment, and never puts the
  * URL (it may hold a password) into an error message.
  */
 #include <mysql.h>
 #include <mysqld_error.h>
 #include <errmsg.h>
+#include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <sys/socket.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "store/mariadb.h"
 #include "store/netdb.h"
 #include "store/schema.h"
+#include "util/clock.h"
 #include "util/error.h"
 
 #define STMT_CACHE 64
 #define MAX_COLS 32
 /* How much longer than a lock wait any call may wait for the server. */
 #define IO_MARGIN_S 10
+/* The longest a connect may take, deadline or not. */
+#define CONNECT_TIMEOUT_S 10
 
 typedef struct conn conn;
 
@@ -53,6 +66,12 @@ typedef struct {
 struct conn {
 	MYSQL *my;
 	int broken; /* lost or out of step: drop it when given back */
+	int timed_out; /* a call passed its bound mid-way (broken too) */
+	int io_timeout_ms;   /* one call's bound without a deadline */
+	int64_t deadline_us; /* of the transaction or read it serves; 0: none */
+	int64_t call_until_us; /* the bound of the call in progress */
+	idem__pool *pool;    /* the pool it belongs to, and its slot there */
+	int slot;
 	int ncache;
 	struct {
 		char *sql;
@@ -76,6 +95,8 @@ struct idem__backend {
 	conn *readers;
 	int nreaders;
 	idem__pool rpool;
+	conn pinger; /* /healthz's own: never queues behind a hung writer or reader */
+	idem__pool ppool;
 };
 
 /* ---- errors ---------------------------------------------------------- */
@@ -97,6 +118,11 @@ static int classify(conn *c, unsigned int err, const char *state, const char *ms
 {
 	int code;
 
+	if (c->timed_out)
+		return idem__error_driver(IDEM_EUNAVAIL, CR_SERVER_LOST, "HY000",
+					  "mariadb: %s: the server did not answer before the "
+					  "deadline; connection dropped",
+					  what);
 	switch (err) {
 	case ER_DUP_ENTRY:             /* 1062 */
 	case ER_DUP_ENTRY_WITH_KEY_NAME: /* 1586 */
@@ -134,6 +160,7 @@ static int classify(conn *c, unsigned int err, const char *state, const char *ms
 		/* The request's values, not the store: permanent, never "unavailable". */
 		code = IDEM_EINVAL;
 		break;
+	case 1969: /* ER_STATEMENT_TIMEOUT: max_statement_time, the server's own bound */
 	case ER_CON_COUNT_ERROR: /* 1040: too many connections */
 		code = IDEM_EUNAVAIL;
 		break;
@@ -164,6 +191,121 @@ static int fail_stmt(conn *c, MYSQL_STMT *st, err_ctx ctx, const char *what)
 			what);
 }
 
+/* ---- waiting for the server ----------------------------------------- */
+
+/* Start bounding one call on c: its I/O bound, cut to the deadline. */
+static void arm(conn *c, int bound_ms)
+{
+	int64_t until = idem__clock_monotonic_us() + (int64_t)bound_ms * 1000;
+
+	c->call_until_us = c->deadline_us > 0 && c->deadline_us < until ? c->deadline_us : until;
+}
+
+/*
+ * Wait for what a non-blocking call asked for (MYSQL_WAIT_* in status), at
+ * most until the call's bound. The events for its _cont call, or 0 when the
+ * bound passed first: c is then timed out and broken, the call abandoned.
+ */
+static int wait_io(conn *c, int status)
+{
+	struct pollfd pfd = {mysql_get_socket(c->my), 0, 0};
+	int64_t lib_until = 0;
+
+	if (status & MYSQL_WAIT_READ)
+		pfd.events |= POLLIN;
+	if (status & MYSQL_WAIT_WRITE)
+		pfd.events |= POLLOUT;
+	if (status & MYSQL_WAIT_EXCEPT)
+		pfd.events |= POLLPRI;
+	if (status & MYSQL_WAIT_TIMEOUT)
+		lib_until = idem__clock_monotonic_us() +
+			    (int64_t)mysql_get_timeout_value_ms(c->my) * 1000;
+	for (;;) {
+		int left = idem__net_wait_ms(c->call_until_us, 0), lib = -1, n, ev = 0;
+
+		if (left == 0) {
+			c->broken = c->timed_out = 1;
+			return 0;
+		}
+		if (lib_until)
+			lib = idem__net_wait_ms(lib_until, 0);
+		n = poll(&pfd, pfd.fd >= 0 ? 1 : 0, lib >= 0 && lib < left ? lib : left);
+		if (n < 0 && errno != EINTR) {
+			c->broken = 1;
+			return MYSQL_WAIT_TIMEOUT; /* let the driver fail the call */
+		}
+		if (n > 0) {
+			if (pfd.revents & (POLLIN | POLLERR | POLLHUP))
+				ev |= MYSQL_WAIT_READ;
+			if (pfd.revents & (POLLOUT | POLLERR | POLLHUP))
+				ev |= MYSQL_WAIT_WRITE;
+			if (pfd.revents & POLLPRI)
+				ev |= MYSQL_WAIT_EXCEPT;
+			return ev ? ev & status : status;
+		}
+		if (n == 0 && lib_until && lib >= 0 && lib <= left)
+			return MYSQL_WAIT_TIMEOUT; /* the driver's own read/connect timeout */
+	}
+}
+
+/* Run a _start/_cont pair to its end or the call's bound (ret keeps its
+ * failure value then). */
+#define NB_RUN(c, ret, start, cont, obj)                                   \
+	do {                                                               \
+		int st_ = (start);                                         \
+		while (st_) {                                              \
+			int ev_ = wait_io((c), st_);                       \
+			if (!ev_)                                          \
+				break;                                     \
+			st_ = cont(&(ret), (obj), ev_);                    \
+		}                                                          \
+	} while (0)
+
+static int nb_query(conn *c, const char *sql, unsigned long len)
+{
+	int ret = 1;
+
+	arm(c, c->io_timeout_ms);
+	NB_RUN(c, ret, mysql_real_query_start(&ret, c->my, sql, len), mysql_real_query_cont, c->my);
+	return c->timed_out ? 1 : ret;
+}
+
+static MYSQL_RES *nb_store_result(conn *c)
+{
+	MYSQL_RES *ret = NULL;
+
+	arm(c, c->io_timeout_ms);
+	NB_RUN(c, ret, mysql_store_result_start(&ret, c->my), mysql_store_result_cont, c->my);
+	return c->timed_out ? NULL : ret;
+}
+
+static int nb_stmt_prepare(conn *c, MYSQL_STMT *st, const char *sql, unsigned long len)
+{
+	int ret = 1;
+
+	arm(c, c->io_timeout_ms);
+	NB_RUN(c, ret, mysql_stmt_prepare_start(&ret, st, sql, len), mysql_stmt_prepare_cont, st);
+	return c->timed_out ? 1 : ret;
+}
+
+static int nb_stmt_execute(conn *c, MYSQL_STMT *st)
+{
+	int ret = 1;
+
+	arm(c, c->io_timeout_ms);
+	NB_RUN(c, ret, mysql_stmt_execute_start(&ret, st), mysql_stmt_execute_cont, st);
+	return c->timed_out ? 1 : ret;
+}
+
+static int nb_stmt_store_result(conn *c, MYSQL_STMT *st)
+{
+	int ret = 1;
+
+	arm(c, c->io_timeout_ms);
+	NB_RUN(c, ret, mysql_stmt_store_result_start(&ret, st), mysql_stmt_store_result_cont, st);
+	return c->timed_out ? 1 : ret;
+}
+
 /* ---- statements ------------------------------------------------------ */
 
 static int prepare(conn *c, const char *sql, MYSQL_STMT **out, int *cached)
@@ -181,7 +323,7 @@ static int prepare(conn *c, const char *sql, MYSQL_STMT **out, int *cached)
 		}
 	if (!(st = mysql_stmt_init(c->my)))
 		return fail_conn(c, CTX_PLAIN, "stmt_init");
-	if (mysql_stmt_prepare(st, sql, (unsigned long)strlen(sql)) != 0) {
+	if (nb_stmt_prepare(c, st, sql, (unsigned long)strlen(sql)) != 0) {
 		rc = fail_stmt(c, st, CTX_BUSINESS, "prepare");
 		mysql_stmt_close(st);
 		return rc;
@@ -256,7 +398,7 @@ static int fetch_rows(conn *c, MYSQL_STMT *st, results *r, idem_row_fn fn, void 
 
 	/* max_length tells how big each text/blob buffer must be. */
 	mysql_stmt_attr_set(st, STMT_ATTR_UPDATE_MAX_LENGTH, &one);
-	if (mysql_stmt_store_result(st) != 0)
+	if (nb_stmt_store_result(c, st) != 0)
 		return fail_stmt(c, st, CTX_BUSINESS, "store_result");
 	if (!fn)
 		return 0;
@@ -395,7 +537,7 @@ static int run(conn *c, const char *sql, const idem_value *params, int n, idem_r
 			goto done;
 		}
 	}
-	if (mysql_stmt_execute(st) != 0) {
+	if (nb_stmt_execute(c, st) != 0) {
 		rc = fail_stmt(c, st, ectx, "statement");
 		goto done;
 	}
@@ -434,12 +576,12 @@ static int simple(conn *c, const char *sql, const char *what)
 
 	if (!c->my || c->broken)
 		return idem__error(IDEM_EUNAVAIL, "mariadb: connection lost");
-	if (mysql_real_query(c->my, sql, (unsigned long)strlen(sql)) != 0)
+	if (nb_query(c, sql, (unsigned long)strlen(sql)) != 0)
 		return fail_conn(c, CTX_PLAIN, what);
 	/* Drain a result set if there is one (SELECT GET_LOCK ...). */
-	if ((res = mysql_store_result(c->my)))
+	if ((res = nb_store_result(c)))
 		mysql_free_result(res);
-	else if (mysql_field_count(c->my) != 0)
+	else if (c->timed_out || mysql_field_count(c->my) != 0)
 		return fail_conn(c, CTX_PLAIN, what);
 	return 0;
 }
@@ -614,6 +756,10 @@ static void library_init(void)
 
 static void conn_close(conn *c)
 {
+	/* A broken connection may be mid-call to a server that does not answer:
+	 * shut the socket first, so nothing below waits for it. */
+	if (c->my && c->broken && mysql_get_socket(c->my) >= 0)
+		shutdown(mysql_get_socket(c->my), SHUT_RDWR);
 	for (int i = 0; i < c->ncache; i++) {
 		mysql_stmt_close(c->cache[i].st);
 		free(c->cache[i].sql);
@@ -623,19 +769,24 @@ static void conn_close(conn *c)
 		mysql_close(c->my);
 	c->my = NULL;
 	c->broken = 0;
+	c->timed_out = 0;
 }
 
 static int conn_open(idem__backend *be, conn *c)
 {
 	int wait_s = (be->opts.busy_timeout_ms + 999) / 1000;
-	unsigned int connect_timeout = 10, io_timeout = (unsigned int)wait_s + IO_MARGIN_S;
+	unsigned int connect_timeout = CONNECT_TIMEOUT_S,
+		     io_timeout = (unsigned int)wait_s + IO_MARGIN_S;
 	my_bool reconnect = 0;
+	MYSQL *ok = NULL;
 	char setup[320];
 	int rc;
 
 	conn_close(c);
 	if (!(c->my = mysql_init(NULL)))
 		return idem__error(IDEM_ENOMEM, "mariadb: out of memory");
+	c->io_timeout_ms = (int)io_timeout * 1000;
+	mysql_options(c->my, MYSQL_OPT_NONBLOCK, 0);
 	mysql_options(c->my, MYSQL_OPT_CONNECT_TIMEOUT, &connect_timeout);
 	/* A server that stops answering (SIGSTOP, a dead link) fails the call
 	 * (2013: unavailable) after a lock wait plus a margin, instead of
@@ -646,12 +797,20 @@ static int conn_open(idem__backend *be, conn *c)
 	mysql_options(c->my, MYSQL_SET_CHARSET_NAME, "utf8mb4");
 	/* CLIENT_FOUND_ROWS: an UPDATE reports the rows it matched, as SQLite
 	 * and PostgreSQL do, even when it set a column to the value it had. */
-	if (!mysql_real_connect(c->my, *be->url.host ? be->url.host : NULL, be->url.user,
-				be->url.password, be->url.db, be->url.port, be->url.socket,
-				CLIENT_FOUND_ROWS)) {
-		rc = idem__error_driver(IDEM_EUNAVAIL, (int)mysql_errno(c->my), mysql_sqlstate(c->my),
-					"mariadb: connect: %s (errno %u)", mysql_error(c->my),
-					mysql_errno(c->my));
+	arm(c, CONNECT_TIMEOUT_S * 1000);
+	NB_RUN(c, ok,
+	       mysql_real_connect_start(&ok, c->my, *be->url.host ? be->url.host : NULL,
+					be->url.user, be->url.password, be->url.db, be->url.port,
+					be->url.socket, CLIENT_FOUND_ROWS),
+	       mysql_real_connect_cont, c->my);
+	if (!ok || c->timed_out) {
+		if (c->timed_out)
+			rc = idem__error(IDEM_EUNAVAIL, "mariadb: connect: no answer from the "
+							"server before the deadline");
+		else
+			rc = idem__error_driver(IDEM_EUNAVAIL, (int)mysql_errno(c->my),
+						mysql_sqlstate(c->my), "mariadb: connect: %s (errno %u)",
+						mysql_error(c->my), mysql_errno(c->my));
 		conn_close(c);
 		return rc;
 	}
@@ -673,15 +832,26 @@ static int conn_open(idem__backend *be, conn *c)
 	return 0;
 }
 
-static int take(idem__backend *be, int writer, conn **out, int *fresh)
+typedef enum { POOL_WRITERS, POOL_READERS, POOL_PING } pool_kind;
+
+/* Take a connection for work that must end by deadline_us (0: none). */
+static int take(idem__backend *be, pool_kind kind, int64_t deadline_us, conn **out, int *fresh)
 {
-	idem__pool *p = writer ? &be->wpool : &be->rpool;
-	conn *slots = writer ? be->writers : be->readers;
-	int i = idem__pool_take(p), rc;
-	conn *c = &slots[i];
+	idem__pool *p = kind == POOL_WRITERS ? &be->wpool
+			: kind == POOL_READERS ? &be->rpool : &be->ppool;
+	conn *slots = kind == POOL_WRITERS ? be->writers
+		      : kind == POOL_READERS ? be->readers : &be->pinger;
+	int i = idem__pool_take(p, deadline_us), rc;
+	conn *c;
 
 	*out = NULL;
 	*fresh = 0;
+	if (i < 0)
+		return i;
+	c = &slots[i];
+	c->pool = p;
+	c->slot = i;
+	c->deadline_us = deadline_us;
 	if (c->broken)
 		conn_close(c);
 	if (!c->my) {
@@ -707,22 +877,19 @@ static int in_transaction(conn *c)
 
 static void give(idem__backend *be, conn *c)
 {
-	int writer = c >= be->writers && c < be->writers + IDEM__NET_WRITERS;
-
+	(void)be;
 	/* A connection left inside a transaction is out of step: drop it. */
 	if (c->my && !c->broken && in_transaction(c))
 		c->broken = 1;
 	if (c->broken)
 		conn_close(c);
-	if (writer)
-		idem__pool_give(&be->wpool, (int)(c - be->writers));
-	else
-		idem__pool_give(&be->rpool, (int)(c - be->readers));
+	c->deadline_us = 0;
+	idem__pool_give(c->pool, c->slot);
 }
 
-static int reader_take(idem__backend *be, conn **out, int *fresh)
+static int reader_take(idem__backend *be, int64_t deadline_us, conn **out, int *fresh)
 {
-	return take(be, be->nreaders == 0, out, fresh);
+	return take(be, be->nreaders == 0 ? POOL_WRITERS : POOL_READERS, deadline_us, out, fresh);
 }
 
 /*
@@ -733,13 +900,14 @@ static int reader_take(idem__backend *be, conn **out, int *fresh)
 static int read_on(idem__backend *be, const char *sql, const idem_value *params, int n,
 		   idem_row_fn fn, void *ctx)
 {
+	int64_t deadline = idem__net_deadline(be->opts.request_timeout_ms);
 	int rc = 0;
 
 	for (int attempt = 0; attempt < 2; attempt++) {
 		conn *c = NULL;
 		int fresh = 0;
 
-		if ((rc = reader_take(be, &c, &fresh)) < 0)
+		if ((rc = reader_take(be, deadline, &c, &fresh)) < 0)
 			return rc;
 		rc = run(c, sql, params, n, fn, ctx, NULL, NULL, CTX_BUSINESS);
 		give(be, c);
@@ -773,7 +941,8 @@ static int my_schema_version(idem__backend *be, int *out)
 	conn *c = NULL;
 	int fresh = 0, rc;
 
-	if ((rc = reader_take(be, &c, &fresh)) < 0)
+	if ((rc = reader_take(be, idem__net_deadline(be->opts.request_timeout_ms), &c, &fresh)) <
+	    0)
 		return rc;
 	rc = version_in(c, out);
 	give(be, c);
@@ -789,7 +958,8 @@ static int my_migrate(idem__backend *be, int *version_out)
 	int64_t got = 0;
 	int cur = 0, fresh = 0, locked = 0, rc;
 
-	if ((rc = take(be, 1, &c, &fresh)) < 0)
+	/* No request deadline: a migration may rewrite a large table. */
+	if ((rc = take(be, POOL_WRITERS, idem__backend_deadline(), &c, &fresh)) < 0)
 		return rc;
 	/* GET_LOCK serialises migrating processes; it is released when the
 	 * connection ends too, so a crashed migrator never blocks the next. */
@@ -844,10 +1014,12 @@ static void my_close(idem__backend *be)
 		conn_close(&be->writers[i]);
 	for (int i = 0; be->readers && i < be->nreaders; i++)
 		conn_close(&be->readers[i]);
+	conn_close(&be->pinger);
 	free(be->writers);
 	free(be->readers);
 	idem__pool_destroy(&be->wpool);
 	idem__pool_destroy(&be->rpool);
+	idem__pool_destroy(&be->ppool);
 	url_clear(&be->url);
 	free(be);
 }
@@ -882,10 +1054,11 @@ static int my_open(idem__backend **out, idem_store *store, const char *target,
 		be->writers[i].txn.c = &be->writers[i];
 	}
 	if ((rc = idem__pool_init(&be->wpool, IDEM__NET_WRITERS)) < 0 ||
-	    (rc = idem__pool_init(&be->rpool, be->nreaders)) < 0)
+	    (rc = idem__pool_init(&be->rpool, be->nreaders)) < 0 ||
+	    (rc = idem__pool_init(&be->ppool, 1)) < 0)
 		goto done;
 	/* One connection now, so a wrong URL or a down server fails the open. */
-	if ((rc = take(be, 1, &c, &fresh)) < 0)
+	if ((rc = take(be, POOL_WRITERS, idem__backend_deadline(), &c, &fresh)) < 0)
 		goto done;
 	give(be, c);
 	*out = be;
@@ -920,9 +1093,22 @@ MYSQL *idem__mariadb_connect(const char *url)
 	return my;
 }
 
+/*
+ * SELECT 1 on the ping's own connection, all of it (waiting for that
+ * connection, reconnecting, the answer) within IDEM__NET_PING_MS: /healthz
+ * says 503 promptly while every other connection hangs on a frozen server.
+ */
 static int my_ping(idem__backend *be)
 {
-	return read_on(be, "SELECT 1", NULL, 0, NULL, NULL);
+	int64_t deadline = idem__net_deadline(IDEM__NET_PING_MS);
+	conn *c = NULL;
+	int fresh = 0, rc;
+
+	if ((rc = take(be, POOL_PING, deadline, &c, &fresh)) < 0)
+		return rc;
+	rc = run(c, "SELECT 1", NULL, 0, NULL, NULL, NULL, NULL, CTX_PLAIN);
+	give(be, c);
+	return rc;
 }
 
 /* ---- transactions ---------------------------------------------------- */
@@ -938,6 +1124,7 @@ static conn *conn_of(idem_txn *txn)
  */
 static int my_txn_begin(idem__backend *be, idem_txn **out)
 {
+	int64_t deadline = idem__net_deadline(be->opts.request_timeout_ms);
 	int rc = 0;
 
 	*out = NULL;
@@ -945,7 +1132,7 @@ static int my_txn_begin(idem__backend *be, idem_txn **out)
 		conn *c = NULL;
 		int fresh = 0;
 
-		if ((rc = take(be, 1, &c, &fresh)) < 0)
+		if ((rc = take(be, POOL_WRITERS, deadline, &c, &fresh)) < 0)
 			return rc;
 		if ((rc = simple(c, "START TRANSACTION", "begin")) == 0) {
 			*out = &c->txn.base;
@@ -962,7 +1149,7 @@ static void my_txn_rollback(idem_txn *txn)
 {
 	conn *c = conn_of(txn);
 
-	if (c->my && !c->broken && mysql_real_query(c->my, "ROLLBACK", 8) != 0)
+	if (c->my && !c->broken && nb_query(c, "ROLLBACK", 8) != 0)
 		c->broken = 1;
 	give(((my_txn *)txn)->be, c);
 }

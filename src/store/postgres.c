@@ -10,9 +10,12 @@
  * reopened. Statements are prepared once per connection, keyed by their SQL
  * text; the generic `?` placeholders are rewritten to $1..$n on the way.
  * Every session runs READ COMMITTED with lock_timeout = busy_timeout_ms.
- * No call waits for the server longer than busy_timeout_ms + 10 s: a server
- * that stops answering (SIGSTOP, a dead link) makes the call fail as
- * unavailable and its connection is dropped, instead of hanging the caller.
+ * No call waits for the server longer than busy_timeout_ms + 10 s, nor past
+ * its deadline (the thread's, else now + opts.request_timeout_ms; 500 ms for
+ * the ping, which has a connection of its own): libpq runs non-blocking
+ * here (PQconnectPoll, PQsend* + poll), so a server that stops answering
+ * (SIGSTOP, a dead link) makes the call fail as unavailable and its
+ * connection is dropped, instead of hanging the caller.
  *
  * Error classification is exact. The claim is INSERT ... ON CONFLICT
  * (scope, business_type, idem_key) DO NOTHING RETURNING id: a row back means
@@ -46,6 +49,8 @@
 #define SQL_MAX (1 << 20)
 /* How much longer than a lock wait any call may wait for the server. */
 #define IO_MARGIN_MS 10000
+/* The longest a connect may take, deadline or not (libpq's connect_timeout). */
+#define CONNECT_TIMEOUT_MS 10000
 
 /* Key of the advisory lock that serialises migrations (per database). */
 #define MIGRATE_LOCK_KEY "7589122023311"
@@ -71,6 +76,9 @@ struct conn {
 	int broken; /* lost or in an unknown state: drop it when given back */
 	int timed_out; /* the server stopped answering (broken too) */
 	int io_timeout_ms;
+	int64_t deadline_us; /* of the transaction or read it serves; 0: none */
+	idem__pool *pool;    /* the pool it belongs to, and its slot there */
+	int slot;
 	int ncache;
 	struct {
 		char *sql; /* the caller's SQL text, before rewriting */
@@ -88,6 +96,8 @@ struct idem__backend {
 	conn *readers;
 	int nreaders;
 	idem__pool rpool;
+	conn pinger; /* /healthz's own: never queues behind a hung writer or reader */
+	idem__pool ppool;
 };
 
 /* ---- errors ---------------------------------------------------------- */
@@ -116,7 +126,7 @@ static int fail(conn *c, const PGresult *res, err_ctx ctx, const char *what)
 	int code, len;
 
 	if (!res && c->timed_out)
-		msg = "the server did not answer in time; connection dropped";
+		msg = "the server did not answer before the deadline; connection dropped";
 	if (!msg || !*msg)
 		msg = c->pg ? PQerrorMessage(c->pg) : "no connection";
 	len = (int)strlen(msg);
@@ -140,6 +150,8 @@ static int fail(conn *c, const PGresult *res, err_ctx ctx, const char *what)
 		   is_state(state, "57P02") || is_state(state, "57P03")) {
 		c->broken = 1;
 		code = IDEM_EUNAVAIL;
+	} else if (is_state(state, "57014")) {
+		code = IDEM_EUNAVAIL; /* statement_timeout: the server's own bound */
 	} else if (is_state(state, "53300")) {
 		code = IDEM_EUNAVAIL; /* too many connections */
 	} else if (is_state(state, "22003")) {
@@ -401,6 +413,9 @@ static PGresult *await(conn *c, int sent)
 	int64_t deadline = idem__clock_monotonic_us() + (int64_t)c->io_timeout_ms * 1000;
 	PGresult *res = NULL, *r;
 
+	if (c->deadline_us > 0 && c->deadline_us < deadline)
+		deadline = c->deadline_us;
+
 	if (!sent) {
 		c->broken = 1;
 		return NULL;
@@ -585,18 +600,59 @@ static void conn_close(conn *c)
 	c->timed_out = 0;
 }
 
+/*
+ * Drive a non-blocking connect to the end, waiting at most until deadline_us
+ * in all: libpq's PQconnectdb would wait for a stopped server's handshake
+ * for its whole connect_timeout, per address.
+ */
+static int connect_poll(conn *c, int64_t deadline_us)
+{
+	PostgresPollingStatusType st = PGRES_POLLING_WRITING;
+
+	if (PQstatus(c->pg) == CONNECTION_BAD)
+		return -1;
+	while (st != PGRES_POLLING_OK) {
+		struct pollfd pfd = {PQsocket(c->pg), st == PGRES_POLLING_READING ? POLLIN : POLLOUT,
+				     0};
+		int left = idem__net_wait_ms(deadline_us, 0), n;
+
+		if (st == PGRES_POLLING_FAILED || pfd.fd < 0)
+			return -1;
+		if (left == 0)
+			return 1;
+		n = poll(&pfd, 1, left);
+		if (n < 0 && errno != EINTR)
+			return -1;
+		if (n > 0)
+			st = PQconnectPoll(c->pg);
+	}
+	return 0;
+}
+
 static int conn_open(idem__backend *be, conn *c)
 {
-	/* Keywords before dbname are defaults the URL may override. */
-	const char *keys[] = {"connect_timeout", "fallback_application_name", "dbname", NULL};
-	const char *vals[] = {"10", "idem", be->url, NULL};
+	/* Keywords before dbname are defaults the URL may override. Keepalives
+	 * and tcp_user_timeout end a connection whose peer vanished (a dead
+	 * link) even when idem is not waiting on it. */
+	const char *keys[] = {"connect_timeout", "fallback_application_name", "keepalives",
+			      "keepalives_idle", "keepalives_interval", "keepalives_count",
+			      "tcp_user_timeout", "dbname", NULL};
+	const char *vals[] = {"10", "idem", "1", "30", "10", "3", "30000", be->url, NULL};
+	int64_t deadline = idem__clock_monotonic_us() + CONNECT_TIMEOUT_MS * 1000LL;
 	char setup[256];
 	int rc;
 
 	conn_close(c);
-	c->pg = PQconnectdbParams(keys, vals, 1);
+	if (c->deadline_us > 0 && c->deadline_us < deadline)
+		deadline = c->deadline_us;
+	c->pg = PQconnectStartParams(keys, vals, 1);
 	if (!c->pg)
 		return idem__error(IDEM_ENOMEM, "postgresql: out of memory connecting");
+	if ((rc = connect_poll(c, deadline)) > 0) {
+		conn_close(c);
+		return idem__error(IDEM_EUNAVAIL,
+				   "postgresql: connect: no answer from the server before the deadline");
+	}
 	if (PQstatus(c->pg) != CONNECTION_OK) {
 		const char *msg = PQerrorMessage(c->pg);
 		int len = (int)strlen(msg);
@@ -621,19 +677,30 @@ static int conn_open(idem__backend *be, conn *c)
 	return 0;
 }
 
+typedef enum { POOL_WRITERS, POOL_READERS, POOL_PING } pool_kind;
+
 /*
- * Take a connection from a pool, opening it if needed. *fresh is 1 when it
- * was opened now (so a failure on it is not a stale connection's).
+ * Take a connection from a pool, opening it if needed, for work that must
+ * end by deadline_us (0: none). *fresh is 1 when it was opened now (so a
+ * failure on it is not a stale connection's).
  */
-static int take(idem__backend *be, int writer, conn **out, int *fresh)
+static int take(idem__backend *be, pool_kind kind, int64_t deadline_us, conn **out, int *fresh)
 {
-	idem__pool *p = writer ? &be->wpool : &be->rpool;
-	conn *slots = writer ? be->writers : be->readers;
-	int i = idem__pool_take(p), rc;
-	conn *c = &slots[i];
+	idem__pool *p = kind == POOL_WRITERS ? &be->wpool
+			: kind == POOL_READERS ? &be->rpool : &be->ppool;
+	conn *slots = kind == POOL_WRITERS ? be->writers
+		      : kind == POOL_READERS ? be->readers : &be->pinger;
+	int i = idem__pool_take(p, deadline_us), rc;
+	conn *c;
 
 	*out = NULL;
 	*fresh = 0;
+	if (i < 0)
+		return i;
+	c = &slots[i];
+	c->pool = p;
+	c->slot = i;
+	c->deadline_us = deadline_us;
 	if (c->broken)
 		conn_close(c);
 	if (!c->pg) {
@@ -649,23 +716,20 @@ static int take(idem__backend *be, int writer, conn **out, int *fresh)
 
 static void give(idem__backend *be, conn *c)
 {
-	int writer = c >= be->writers && c < be->writers + IDEM__NET_WRITERS;
-
+	(void)be;
 	/* A connection left inside a transaction is out of step: drop it. */
 	if (c->pg && !c->broken && PQtransactionStatus(c->pg) != PQTRANS_IDLE)
 		c->broken = 1;
 	if (c->broken)
 		conn_close(c);
-	if (writer)
-		idem__pool_give(&be->wpool, (int)(c - be->writers));
-	else
-		idem__pool_give(&be->rpool, (int)(c - be->readers));
+	c->deadline_us = 0;
+	idem__pool_give(c->pool, c->slot);
 }
 
 /* Readers: the writer pool stands in when the store has none. */
-static int reader_take(idem__backend *be, conn **out, int *fresh)
+static int reader_take(idem__backend *be, int64_t deadline_us, conn **out, int *fresh)
 {
-	return take(be, be->nreaders == 0, out, fresh);
+	return take(be, be->nreaders == 0 ? POOL_WRITERS : POOL_READERS, deadline_us, out, fresh);
 }
 
 /*
@@ -676,13 +740,14 @@ static int reader_take(idem__backend *be, conn **out, int *fresh)
 static int read_on(idem__backend *be, const char *sql, const idem_value *params, int n,
 		   idem_row_fn fn, void *ctx)
 {
+	int64_t deadline = idem__net_deadline(be->opts.request_timeout_ms);
 	int rc = 0;
 
 	for (int attempt = 0; attempt < 2; attempt++) {
 		conn *c = NULL;
 		int fresh = 0;
 
-		if ((rc = reader_take(be, &c, &fresh)) < 0)
+		if ((rc = reader_take(be, deadline, &c, &fresh)) < 0)
 			return rc;
 		rc = run(c, sql, params, n, fn, ctx, NULL, CTX_BUSINESS);
 		give(be, c);
@@ -714,7 +779,8 @@ static int pg_schema_version(idem__backend *be, int *out)
 	conn *c = NULL;
 	int fresh = 0, rc;
 
-	if ((rc = reader_take(be, &c, &fresh)) < 0)
+	if ((rc = reader_take(be, idem__net_deadline(be->opts.request_timeout_ms), &c, &fresh)) <
+	    0)
 		return rc;
 	rc = version_in(c, out);
 	give(be, c);
@@ -732,7 +798,8 @@ static int pg_migrate(idem__backend *be, int *version_out)
 	conn *c = NULL;
 	int cur = 0, fresh = 0, rc;
 
-	if ((rc = take(be, 1, &c, &fresh)) < 0)
+	/* No request deadline: a migration may rewrite a large table. */
+	if ((rc = take(be, POOL_WRITERS, idem__backend_deadline(), &c, &fresh)) < 0)
 		return rc;
 	if ((rc = simple(c, "BEGIN", "begin")) < 0)
 		goto out;
@@ -780,10 +847,12 @@ static void pg_close(idem__backend *be)
 		conn_close(&be->writers[i]);
 	for (int i = 0; be->readers && i < be->nreaders; i++)
 		conn_close(&be->readers[i]);
+	conn_close(&be->pinger);
 	free(be->writers);
 	free(be->readers);
 	idem__pool_destroy(&be->wpool);
 	idem__pool_destroy(&be->rpool);
+	idem__pool_destroy(&be->ppool);
 	free(be->url);
 	free(be);
 }
@@ -836,10 +905,11 @@ static int pg_open(idem__backend **out, idem_store *store, const char *target,
 		be->writers[i].txn.c = &be->writers[i];
 	}
 	if ((rc = idem__pool_init(&be->wpool, IDEM__NET_WRITERS)) < 0 ||
-	    (rc = idem__pool_init(&be->rpool, be->nreaders)) < 0)
+	    (rc = idem__pool_init(&be->rpool, be->nreaders)) < 0 ||
+	    (rc = idem__pool_init(&be->ppool, 1)) < 0)
 		goto done;
 	/* One connection now, so a wrong URL or a down server fails the open. */
-	if ((rc = take(be, 1, &c, &fresh)) < 0)
+	if ((rc = take(be, POOL_WRITERS, idem__backend_deadline(), &c, &fresh)) < 0)
 		goto done;
 	give(be, c);
 	*out = be;
@@ -852,9 +922,22 @@ done:
 	return rc;
 }
 
+/*
+ * SELECT 1 on the ping's own connection, all of it (waiting for that
+ * connection, reconnecting, the answer) within IDEM__NET_PING_MS: /healthz
+ * says 503 promptly while every other connection hangs on a frozen server.
+ */
 static int pg_ping(idem__backend *be)
 {
-	return read_on(be, "SELECT 1", NULL, 0, NULL, NULL);
+	int64_t deadline = idem__net_deadline(IDEM__NET_PING_MS);
+	conn *c = NULL;
+	int fresh = 0, rc;
+
+	if ((rc = take(be, POOL_PING, deadline, &c, &fresh)) < 0)
+		return rc;
+	rc = run(c, "SELECT 1", NULL, 0, NULL, NULL, NULL, CTX_PLAIN);
+	give(be, c);
+	return rc;
 }
 
 /* ---- transactions ---------------------------------------------------- */
@@ -871,6 +954,7 @@ static conn *conn_of(idem_txn *txn)
  */
 static int pg_txn_begin(idem__backend *be, idem_txn **out)
 {
+	int64_t deadline = idem__net_deadline(be->opts.request_timeout_ms);
 	int rc = 0;
 
 	*out = NULL;
@@ -878,7 +962,7 @@ static int pg_txn_begin(idem__backend *be, idem_txn **out)
 		conn *c = NULL;
 		int fresh = 0;
 
-		if ((rc = take(be, 1, &c, &fresh)) < 0)
+		if ((rc = take(be, POOL_WRITERS, deadline, &c, &fresh)) < 0)
 			return rc;
 		if ((rc = simple(c, "BEGIN", "begin")) == 0) {
 			*out = &c->txn.base;
