@@ -369,13 +369,18 @@ class DbOutage(unittest.TestCase):
                 if a.t_recv - a.t_send > bound:
                     slow.append("%s %.2fs (not in the log): %r" % (a.req.kind,
                                                                    a.t_recv - a.t_send, a))
-            elif t > bound:
+            elif t > bound and a.t_recv - a.t_send > bound:
+                # Both clocks over: the log's duration ends at libmicrohttpd's
+                # completion callback, which a handler blocking the same
+                # thread can delay after the answer left; the client's
+                # includes the wait before the head was read. Only both
+                # over says idemd itself took too long.
                 slow.append("%s %.2fs in idemd: %r" % (a.req.kind, t, a))
             elif a.t_recv - a.t_send > bound:
                 hol.append(a)
         for p in self.probes:
             t = own.get(p[3].header("X-Request-Id") or "")
-            if (t if t is not None else p[2] - p[1]) > bound:
+            if min(t if t is not None else p[2] - p[1], p[2] - p[1]) > bound:
                 slow.append("%s probe %.2fs (idemd %s, sent %.2f)" % (p[0], p[2] - p[1], t, p[1]))
         self.assertEqual(slow, [], "answers slower than the deadline %.0fs + %.0fs:\n%s\n%s"
                          % (REQUEST_TIMEOUT, DEADLINE_SLACK, "\n".join(slow[:20]), timeline))
