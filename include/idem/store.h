@@ -44,11 +44,17 @@ typedef struct {
 	/* Front cache of completed responses; 0 in either turns it off. */
 	size_t cache_bytes;         /* default 0 */
 	size_t cache_entries;       /* default 0 */
+	/* Deadline of each request, from its arrival: a write still queued then
+	 * is answered IDEM_EUNAVAIL unrun; a server store's pool wait, connect,
+	 * statement or COMMIT still waiting then fails IDEM_EUNAVAIL (rolled back,
+	 * or for a COMMIT unknown: a retry replays or re-executes) and its
+	 * connection is dropped. Also each read's bound. 0: none (default). */
+	int request_timeout_ms;
 } idem_store_opts;
 
 #define IDEM_STORE_OPTS_INIT                                                     \
 	{ IDEM_STORE_OPTS_VERSION, 1, 1, 5000, 4, 8, 24LL * 3600 * 1000, 30LL * 1000, \
-	  NULL, NULL, 1, 0, 1, 0, 0, 0 }
+	  NULL, NULL, 1, 0, 1, 0, 0, 0, 0 }
 
 /*
  * Open the store named by url:

@@ -45,6 +45,7 @@ typedef struct unit {
 	int rc;
 	idem_error err;    /* the detail of rc, taken on the writer thread */
 	int64_t queued_us; /* monotonic time it was queued */
+	int64_t deadline_us; /* its request's deadline (monotonic), 0: none */
 } unit;
 
 typedef struct {
@@ -83,11 +84,27 @@ static int unit_local(int rc)
 	       rc == IDEM_ENOTFOUND;
 }
 
+/* Past its deadline a unit is answered unrun: nothing of it was written. */
+static int past_deadline(idem_store *s, unit *u, int64_t now)
+{
+	if (!u->deadline_us || now < u->deadline_us)
+		return 0;
+	u->rc = idem__error(IDEM_EUNAVAIL, "request deadline (%d ms) passed before it could run",
+	                    s->opts.request_timeout_ms);
+	u->err = *idem_error_last();
+	idem__store_count_error(s, u->rc);
+	return 1;
+}
+
 static void run_alone(idem_store *s, unit *u)
 {
 	idem_result_clear(&u->res);
+	if (past_deadline(s, u, idem__clock_monotonic_us()))
+		return;
+	idem__backend_deadline_set(u->deadline_us);
 	u->rc = idem__execute_direct(s, &u->key, &u->req, u->work, u->ctx, &u->res);
 	u->err = *idem_error_last();
+	idem__backend_deadline_set(0);
 }
 
 static void run_batch(idem_store *s, unit **units, int n)
@@ -95,12 +112,20 @@ static void run_batch(idem_store *s, unit **units, int n)
 	idem_txn *txn = NULL;
 	int rc, i, alone = 0;
 
+	int64_t deadline = 0;
+
 	if (n == 1) {
 		run_alone(s, units[0]);
 		deliver(s, units[0]);
 		return;
 	}
-	if ((rc = s->ops->txn_begin(s->be, &txn)) < 0) {
+	/* The batch's statements and COMMIT end by its earliest unit's deadline. */
+	for (i = 0; i < n; i++)
+		if (units[i]->deadline_us && (!deadline || units[i]->deadline_us < deadline))
+			deadline = units[i]->deadline_us;
+	idem__backend_deadline_set(deadline);
+	rc = s->ops->txn_begin(s->be, &txn);
+	if (rc < 0) {
 		alone = 1;
 		goto finish;
 	}
@@ -134,6 +159,7 @@ static void run_batch(idem_store *s, unit **units, int n)
 				                         &units[i]->res);
 	}
 finish:
+	idem__backend_deadline_set(0);
 	for (i = 0; i < n; i++) {
 		if (alone)
 			run_alone(s, units[i]);
@@ -154,13 +180,15 @@ static int shed_stale(idem_store *s, unit **units, int n)
 	int64_t limit = (int64_t)s->opts.queue_timeout_ms * 1000, now;
 	int kept = 0;
 
-	if (limit <= 0)
-		return n;
 	now = idem__clock_monotonic_us();
 	for (int i = 0; i < n; i++) {
 		unit *u = units[i];
 
-		if (now - u->queued_us <= limit) {
+		if (past_deadline(s, u, now)) {
+			deliver(s, u);
+			continue;
+		}
+		if (limit <= 0 || now - u->queued_us <= limit) {
 			units[kept++] = u;
 			continue;
 		}
@@ -327,6 +355,10 @@ int idem__batch_submit(idem__batch *b, const idem_request *req, idem_work_fn wor
 	u->done = done;
 	u->done_ctx = done_ctx;
 	u->queued_us = idem__clock_monotonic_us();
+	/* The request's deadline, set by idem_execute_async, else from now. */
+	u->deadline_us = idem__backend_deadline();
+	if (!u->deadline_us && b->store->opts.request_timeout_ms > 0)
+		u->deadline_us = u->queued_us + (int64_t)b->store->opts.request_timeout_ms * 1000;
 	w = &b->w[scope_hash(req->scope) % (unsigned)b->nwriters];
 	pthread_mutex_lock(&w->lock);
 	if (w->tail)

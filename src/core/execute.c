@@ -12,14 +12,35 @@
 #include <string.h>
 
 #include "core/claim_internal.h"
+#include "util/clock.h"
 #include "util/error.h"
 #include "util/waiter.h"
+
+/*
+ * The request's deadline (opts.request_timeout_ms) on this thread, unless a
+ * caller set one: every store wait from here on ends by it (batch.c takes it
+ * into the queued unit). 1 when it was set here, to be cleared by the caller.
+ */
+static int deadline_begin(const idem_store *store)
+{
+	if (store->opts.request_timeout_ms <= 0 || idem__backend_deadline())
+		return 0;
+	idem__backend_deadline_set(idem__clock_monotonic_us() +
+	                           (int64_t)store->opts.request_timeout_ms * 1000);
+	return 1;
+}
+
+static void deadline_end(int own)
+{
+	if (own)
+		idem__backend_deadline_set(0);
+}
 
 int idem_execute(idem_result *out, idem_store *store, const idem_request *req, idem_work_fn work,
                  void *ctx)
 {
 	idem__key k;
-	int rc;
+	int rc, own;
 
 	if (!out)
 		return idem__error(IDEM_EINVAL, "idem_execute: out is required");
@@ -38,8 +59,10 @@ int idem_execute(idem_result *out, idem_store *store, const idem_request *req, i
 		return rc;
 	if (!work)
 		return idem__error(IDEM_EINVAL, "idem_execute: work is required");
+	own = deadline_begin(store);
 	if ((rc = idem__fast_path(store, &k, req->fingerprint, out)) == 0)
 		rc = idem__execute_direct(store, &k, req, work, ctx, out);
+	deadline_end(own);
 	if (rc > 0)
 		rc = 0;
 	idem__count(store, req->business_type, rc, out);
@@ -51,7 +74,7 @@ void idem_execute_async(idem_store *store, const idem_request *req, idem_work_fn
 {
 	idem_result res = {0};
 	idem__key k;
-	int rc;
+	int rc, own_deadline = 0;
 
 	if (!done)
 		return; /* nobody to answer: nothing may run unseen */
@@ -69,15 +92,20 @@ void idem_execute_async(idem_store *store, const idem_request *req, idem_work_fn
 		rc = idem__error(IDEM_EINVAL, "idem_execute_async: work is required");
 		goto answer;
 	}
+	own_deadline = deadline_begin(store);
 	if ((rc = idem__fast_path(store, &k, req->fingerprint, &res)) != 0)
 		goto answer;
 	if (!store->batch) {
 		rc = idem__execute_direct(store, &k, req, work, ctx, &res);
 		goto answer;
 	}
-	if ((rc = idem__batch_submit(store->batch, req, work, ctx, done, done_ctx)) == 0)
+	rc = idem__batch_submit(store->batch, req, work, ctx, done, done_ctx);
+	deadline_end(own_deadline);
+	own_deadline = 0;
+	if (rc == 0)
 		return; /* the writer answers after its COMMIT */
 answer:
+	deadline_end(own_deadline);
 	if (rc > 0)
 		rc = 0;
 	idem__count(store, req->business_type, rc, &res);

@@ -53,6 +53,8 @@ static void usage(FILE *f)
 	    "(4)\n"
 	    "  --queue-timeout-ms MS     a write queued longer is answered 503 unrun\n"
 	    "                            [IDEM_QUEUE_TIMEOUT_MS] (5000; 0 = no limit)\n"
+	    "  --request-timeout-ms MS   a request's deadline in the store: 503 unrun or rolled\n"
+	    "                            back, never 2xx after [IDEM_REQUEST_TIMEOUT_MS] (10000)\n"
 	    "  --cache-mb MB             front cache of completed answers, 0 = off [IDEM_CACHE_MB] "
 	    "(64)\n"
 	    "  --cache-entries N         front cache entry cap [IDEM_CACHE_ENTRIES] (200000)\n"
@@ -143,10 +145,13 @@ typedef enum {
 	OPT_CHANNEL_QUEUE,
 	OPT_SWEEP_INTERVAL,
 	OPT_SWEEP_AGE,
+	OPT_REQUEST_DEADLINE,
 } opt_id;
 
 /* --secret-key-file: kept here, read once the store is open. */
 static char secret_key_file[4096];
+/* --request-timeout-ms: the store's per-request deadline (idem_store_opts). */
+static int request_deadline_ms = 10000;
 
 static const struct {
 	opt_id id;
@@ -175,6 +180,7 @@ static const struct {
     {OPT_CHANNEL_QUEUE, "IDEM_CHANNEL_QUEUE"},
     {OPT_SWEEP_INTERVAL, "IDEM_SWEEP_INTERVAL_MS"},
     {OPT_SWEEP_AGE, "IDEM_SWEEP_AGE_MS"},
+    {OPT_REQUEST_DEADLINE, "IDEM_REQUEST_TIMEOUT_MS"},
 };
 
 static int apply(server_config *c, opt_id id, const char *v, const char *from)
@@ -211,6 +217,7 @@ static int apply(server_config *c, opt_id id, const char *v, const char *from)
 	case OPT_BATCH_WAIT: bad = parse_int(v, 0, 1000000, &c->batch_wait_us); break;
 	case OPT_WRITERS: bad = parse_int(v, 1, 64, &c->writers); break;
 	case OPT_QUEUE_TIMEOUT: bad = parse_int(v, 0, 600000, &c->queue_timeout_ms); break;
+	case OPT_REQUEST_DEADLINE: bad = parse_int(v, 0, 600000, &request_deadline_ms); break;
 	case OPT_CACHE_MB: bad = parse_int(v, 0, 65536, &c->cache_mb); break;
 	case OPT_CACHE_ENTRIES: bad = parse_int(v, 0, 100000000, &c->cache_entries); break;
 	case OPT_SECRET_KEY_FILE:
@@ -250,6 +257,7 @@ static int configure(server_config *c, int argc, char **argv)
 	    {"batch-wait-us", required_argument, NULL, OPT_BATCH_WAIT},
 	    {"writers", required_argument, NULL, OPT_WRITERS},
 	    {"queue-timeout-ms", required_argument, NULL, OPT_QUEUE_TIMEOUT},
+	    {"request-timeout-ms", required_argument, NULL, OPT_REQUEST_DEADLINE},
 	    {"cache-mb", required_argument, NULL, OPT_CACHE_MB},
 	    {"cache-entries", required_argument, NULL, OPT_CACHE_ENTRIES},
 	    {"secret-key-file", required_argument, NULL, OPT_SECRET_KEY_FILE},
@@ -378,6 +386,7 @@ int main(int argc, char **argv)
 	so.batch_wait_us = cfg.batch_wait_us;
 	so.writers = cfg.writers;
 	so.queue_timeout_ms = cfg.queue_timeout_ms;
+	so.request_timeout_ms = request_deadline_ms;
 	so.cache_bytes = (size_t)cfg.cache_mb << 20;
 	so.cache_entries = (size_t)cfg.cache_entries;
 	so.default_ttl_ms = cfg.ttl_ms;

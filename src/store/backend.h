@@ -129,6 +129,18 @@ struct idem__backend_ops {
 			  idem_row_fn fn, void *ctx);
 };
 
+/*
+ * The deadline of the work the calling thread does now, monotonic µs (0:
+ * none); core sets it around a request (execute.c) and a group-commit batch
+ * (batch.c: its earliest unit's). The server drivers bound every wait of
+ * the calls made meanwhile by it: pool checkout, connect, each statement
+ * and COMMIT; a call past it fails IDEM_EUNAVAIL and its connection is
+ * dropped, never reused. Without one they use now + opts.request_timeout_ms.
+ * Thread-local; SQLite ignores it (its waits are the busy timeout).
+ */
+void idem__backend_deadline_set(int64_t mono_us);
+int64_t idem__backend_deadline(void);
+
 /* The drivers (sqlite.c, postgres.c, mariadb.c). */
 extern const idem__backend_ops idem__sqlite_ops;
 extern const idem__backend_ops idem__postgres_ops;

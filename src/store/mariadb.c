@@ -1,15 +1,14 @@
 /*
- * store/mariadb.c: the MariaDB backend, on MariaDB Connector/C.
- *
- * The same shape as postgres.c: IDEM__NET_WRITERS writer connections, each
- * holding one write transaction at a time, and opts.read_connections reader
- * connections in autocommit for the read-before-write fast path. Connections
- * open lazily; one that breaks is dropped when it goes back to its pool and
- * reopened on next use (never by the driver's own auto-reconnect, which
- * would silently continue a dead transaction in autocommit). Statements are
- * prepared once per connection (mysql_stmt_*), keyed by their SQL text.
- * Every session is InnoDB, utf8mb4, READ COMMITTED, STRICT_ALL_TABLES and
- * SIMULTANEOUS_ASSIGNMENT (UPDATE's SET sees old values, as elsewhere).
+ * store/mariadb.c: the MariaDB dialect driver, on MariaDB Connector/C,
+ * behind the shared server-backend core (netdb.c: pools, deadlines,
+ * stale-connection retries, transaction framing, savepoints, schema
+ * version, purge). Here: URL parsing, connecting (never with the driver's
+ * own auto-reconnect, which would silently continue a dead transaction in
+ * autocommit), error classification, statements (mysql_stmt_*, prepared
+ * once per connection, keyed by their SQL text), result conversion, the
+ * claim INSERT, migrations under GET_LOCK. Every session is InnoDB,
+ * utf8mb4, READ COMMITTED, STRICT_ALL_TABLES and SIMULTANEOUS_ASSIGNMENT
+ * (UPDATE's SET sees old values, as elsewhere).
  *
  * Keys compare byte for byte: utf8mb4_nopad_bin on the key columns. Plain
  * utf8mb4_bin is a PAD SPACE collation in MariaDB, under which 'A1' and
@@ -21,62 +20,64 @@
  * key failures into warnings (DESIGN.md §1). 1213 and 1205 mean "retry",
  * 1062 in business SQL a business conflict, NOT NULL / CHECK / foreign key
  * errors constraint violations, lost connections "store unavailable".
+ * Every call that waits for the server runs on Connector/C's non-blocking
+ * API (MYSQL_OPT_NONBLOCK, *_start / *_cont, poll here), bounded by the
+ * read/write timeouts and by its connection's deadline (netdb.h): a server
+ * that stops answering fails the call as unavailable and the connection is
+ * shut down and dropped, never reused.
+ *
  * This file must never print or read the environment, and never puts the
  * URL (it may hold a password) into an error message.
  */
 #include <mysql.h>
 #include <mysqld_error.h>
 #include <errmsg.h>
+#include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <sys/socket.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "store/mariadb.h"
 #include "store/netdb.h"
 #include "store/schema.h"
+#include "util/clock.h"
 #include "util/error.h"
 
 #define STMT_CACHE 64
 #define MAX_COLS 32
 /* How much longer than a lock wait any call may wait for the server. */
 #define IO_MARGIN_S 10
+/* The longest a connect may take, deadline or not. */
+#define CONNECT_TIMEOUT_S 10
 
 typedef struct conn conn;
 
-typedef struct {
-	struct idem_txn base;
-	idem__backend *be;
-	conn *c;
-} my_txn;
-
+/* A connection: the core's header first (netdb.h), then Connector/C's. */
 struct conn {
+	idem__netconn base;
 	MYSQL *my;
-	int broken; /* lost or out of step: drop it when given back */
+	int io_timeout_ms;     /* one call's bound without a deadline */
+	int64_t call_until_us; /* the bound of the call in progress */
 	int ncache;
 	struct {
 		char *sql;
 		MYSQL_STMT *st;
 	} cache[STMT_CACHE];
-	my_txn txn;
 };
+
+static conn *conn_of(idem_txn *txn)
+{
+	return (conn *)(void *)idem__net_conn_of(txn);
+}
 
 /* The parts of a mysql:// URL, percent-decoded. */
 typedef struct {
 	char *user, *password, *host, *db, *socket;
 	unsigned int port;
 } my_url;
-
-struct idem__backend {
-	idem_store *store;
-	my_url url;
-	idem_store_opts opts;
-	conn *writers;
-	idem__pool wpool;
-	conn *readers;
-	int nreaders;
-	idem__pool rpool;
-};
 
 /* ---- errors ---------------------------------------------------------- */
 
@@ -97,6 +98,11 @@ static int classify(conn *c, unsigned int err, const char *state, const char *ms
 {
 	int code;
 
+	if (c->base.timed_out)
+		return idem__error_driver(IDEM_EUNAVAIL, CR_SERVER_LOST, "HY000",
+					  "mariadb: %s: the server did not answer before the "
+					  "deadline; connection dropped",
+					  what);
 	switch (err) {
 	case ER_DUP_ENTRY:             /* 1062 */
 	case ER_DUP_ENTRY_WITH_KEY_NAME: /* 1586 */
@@ -126,7 +132,7 @@ static int classify(conn *c, unsigned int err, const char *state, const char *ms
 	case ER_CONNECTION_KILLED:    /* 1927 */
 	case ER_SERVER_SHUTDOWN:      /* 1053 */
 	case 4031:                    /* disconnected by the server for inactivity */
-		c->broken = 1;
+		c->base.broken = 1;
 		code = IDEM_EUNAVAIL;
 		break;
 	case 1264: /* ER_WARN_DATA_OUT_OF_RANGE: a value outside its column's range */
@@ -134,17 +140,18 @@ static int classify(conn *c, unsigned int err, const char *state, const char *ms
 		/* The request's values, not the store: permanent, never "unavailable". */
 		code = IDEM_EINVAL;
 		break;
+	case 1969: /* ER_STATEMENT_TIMEOUT: max_statement_time, the server's own bound */
 	case ER_CON_COUNT_ERROR: /* 1040: too many connections */
 		code = IDEM_EUNAVAIL;
 		break;
 	case CR_OUT_OF_MEMORY: /* 2008 */
-		c->broken = 1;
+		c->base.broken = 1;
 		code = IDEM_ENOMEM;
 		break;
 	default:
 		/* Any other client-side error leaves the protocol state in doubt. */
 		if (err >= 2000 && err < 3000)
-			c->broken = 1;
+			c->base.broken = 1;
 		code = IDEM_ESTORE;
 		break;
 	}
@@ -164,6 +171,126 @@ static int fail_stmt(conn *c, MYSQL_STMT *st, err_ctx ctx, const char *what)
 			what);
 }
 
+/* ---- waiting for the server ----------------------------------------- */
+
+/* Start bounding one call on c: its I/O bound, cut to the deadline. */
+static void arm(conn *c, int bound_ms)
+{
+	int64_t until = idem__clock_monotonic_us() + (int64_t)bound_ms * 1000;
+
+	c->call_until_us = c->base.deadline_us > 0 && c->base.deadline_us < until ? c->base.deadline_us : until;
+}
+
+/*
+ * Wait for what a non-blocking call asked for (MYSQL_WAIT_* in status), at
+ * most until the call's bound. The events for its _cont call, or 0 when the
+ * bound passed first: c is then timed out and broken, the call abandoned.
+ */
+static int wait_io(conn *c, int status)
+{
+	struct pollfd pfd = {mysql_get_socket(c->my), 0, 0};
+	int64_t lib_until = 0;
+
+	if (status & MYSQL_WAIT_READ)
+		pfd.events |= POLLIN;
+	if (status & MYSQL_WAIT_WRITE)
+		pfd.events |= POLLOUT;
+	if (status & MYSQL_WAIT_EXCEPT)
+		pfd.events |= POLLPRI;
+	if (status & MYSQL_WAIT_TIMEOUT)
+		lib_until = idem__clock_monotonic_us() +
+			    (int64_t)mysql_get_timeout_value_ms(c->my) * 1000;
+	for (;;) {
+		int left = idem__net_wait_ms(c->call_until_us, 0), lib = -1, n, ev = 0;
+
+		if (left == 0) {
+			/* Abandoned mid-call: shut the socket now, so that nothing the
+			 * driver still does on this handle (freeing a statement's
+			 * result, closing it) waits for the server. */
+			c->base.broken = c->base.timed_out = 1;
+			if (pfd.fd >= 0)
+				shutdown(pfd.fd, SHUT_RDWR);
+			return 0;
+		}
+		if (lib_until)
+			lib = idem__net_wait_ms(lib_until, 0);
+		n = poll(&pfd, pfd.fd >= 0 ? 1 : 0, lib >= 0 && lib < left ? lib : left);
+		if (n < 0 && errno != EINTR) {
+			c->base.broken = 1;
+			return MYSQL_WAIT_TIMEOUT; /* let the driver fail the call */
+		}
+		if (n > 0) {
+			if (pfd.revents & (POLLIN | POLLERR | POLLHUP))
+				ev |= MYSQL_WAIT_READ;
+			if (pfd.revents & (POLLOUT | POLLERR | POLLHUP))
+				ev |= MYSQL_WAIT_WRITE;
+			if (pfd.revents & POLLPRI)
+				ev |= MYSQL_WAIT_EXCEPT;
+			return ev ? ev & status : status;
+		}
+		if (n == 0 && lib_until && lib >= 0 && lib <= left)
+			return MYSQL_WAIT_TIMEOUT; /* the driver's own read/connect timeout */
+	}
+}
+
+/* Run a _start/_cont pair to its end or the call's bound (ret keeps its
+ * failure value then). */
+#define NB_RUN(c, ret, start, cont, obj)                                   \
+	do {                                                               \
+		int st_ = (start);                                         \
+		while (st_) {                                              \
+			int ev_ = wait_io((c), st_);                       \
+			if (!ev_)                                          \
+				break;                                     \
+			st_ = cont(&(ret), (obj), ev_);                    \
+		}                                                          \
+	} while (0)
+
+static int nb_query(conn *c, const char *sql, unsigned long len)
+{
+	int ret = 1;
+
+	arm(c, c->io_timeout_ms);
+	NB_RUN(c, ret, mysql_real_query_start(&ret, c->my, sql, len), mysql_real_query_cont, c->my);
+	return c->base.timed_out ? 1 : ret;
+}
+
+static MYSQL_RES *nb_store_result(conn *c)
+{
+	MYSQL_RES *ret = NULL;
+
+	arm(c, c->io_timeout_ms);
+	NB_RUN(c, ret, mysql_store_result_start(&ret, c->my), mysql_store_result_cont, c->my);
+	return c->base.timed_out ? NULL : ret;
+}
+
+static int nb_stmt_prepare(conn *c, MYSQL_STMT *st, const char *sql, unsigned long len)
+{
+	int ret = 1;
+
+	arm(c, c->io_timeout_ms);
+	NB_RUN(c, ret, mysql_stmt_prepare_start(&ret, st, sql, len), mysql_stmt_prepare_cont, st);
+	return c->base.timed_out ? 1 : ret;
+}
+
+static int nb_stmt_execute(conn *c, MYSQL_STMT *st)
+{
+	int ret = 1;
+
+	arm(c, c->io_timeout_ms);
+	NB_RUN(c, ret, mysql_stmt_execute_start(&ret, st), mysql_stmt_execute_cont, st);
+	return c->base.timed_out ? 1 : ret;
+}
+
+static int nb_stmt_store_result(conn *c, MYSQL_STMT *st)
+{
+	int ret = 1;
+
+	arm(c, c->io_timeout_ms);
+	NB_RUN(c, ret, mysql_stmt_store_result_start(&ret, st), mysql_stmt_store_result_cont, st);
+	return c->base.timed_out ? 1 : ret;
+}
+
 /* ---- statements ------------------------------------------------------ */
 
 static int prepare(conn *c, const char *sql, MYSQL_STMT **out, int *cached)
@@ -181,7 +308,7 @@ static int prepare(conn *c, const char *sql, MYSQL_STMT **out, int *cached)
 		}
 	if (!(st = mysql_stmt_init(c->my)))
 		return fail_conn(c, CTX_PLAIN, "stmt_init");
-	if (mysql_stmt_prepare(st, sql, (unsigned long)strlen(sql)) != 0) {
+	if (nb_stmt_prepare(c, st, sql, (unsigned long)strlen(sql)) != 0) {
 		rc = fail_stmt(c, st, CTX_BUSINESS, "prepare");
 		mysql_stmt_close(st);
 		return rc;
@@ -256,7 +383,7 @@ static int fetch_rows(conn *c, MYSQL_STMT *st, results *r, idem_row_fn fn, void 
 
 	/* max_length tells how big each text/blob buffer must be. */
 	mysql_stmt_attr_set(st, STMT_ATTR_UPDATE_MAX_LENGTH, &one);
-	if (mysql_stmt_store_result(st) != 0)
+	if (nb_stmt_store_result(c, st) != 0)
 		return fail_stmt(c, st, CTX_BUSINESS, "store_result");
 	if (!fn)
 		return 0;
@@ -351,7 +478,7 @@ static int run(conn *c, const char *sql, const idem_value *params, int n, idem_r
 	results *r = NULL;
 	int cached = 0, rc;
 
-	if (!c->my || c->broken)
+	if (!c->my || c->base.broken)
 		return idem__error(IDEM_EUNAVAIL, "mariadb: connection lost");
 	if ((rc = prepare(c, sql, &st, &cached)) < 0)
 		return rc;
@@ -395,7 +522,7 @@ static int run(conn *c, const char *sql, const idem_value *params, int n, idem_r
 			goto done;
 		}
 	}
-	if (mysql_stmt_execute(st) != 0) {
+	if (nb_stmt_execute(c, st) != 0) {
 		rc = fail_stmt(c, st, ectx, "statement");
 		goto done;
 	}
@@ -432,14 +559,14 @@ static int simple(conn *c, const char *sql, const char *what)
 {
 	MYSQL_RES *res;
 
-	if (!c->my || c->broken)
+	if (!c->my || c->base.broken)
 		return idem__error(IDEM_EUNAVAIL, "mariadb: connection lost");
-	if (mysql_real_query(c->my, sql, (unsigned long)strlen(sql)) != 0)
+	if (nb_query(c, sql, (unsigned long)strlen(sql)) != 0)
 		return fail_conn(c, CTX_PLAIN, what);
 	/* Drain a result set if there is one (SELECT GET_LOCK ...). */
-	if ((res = mysql_store_result(c->my)))
+	if ((res = nb_store_result(c)))
 		mysql_free_result(res);
-	else if (mysql_field_count(c->my) != 0)
+	else if (c->base.timed_out || mysql_field_count(c->my) != 0)
 		return fail_conn(c, CTX_PLAIN, what);
 	return 0;
 }
@@ -614,6 +741,10 @@ static void library_init(void)
 
 static void conn_close(conn *c)
 {
+	/* A broken connection may be mid-call to a server that does not answer:
+	 * shut the socket first, so nothing below waits for it. */
+	if (c->my && c->base.broken && mysql_get_socket(c->my) >= 0)
+		shutdown(mysql_get_socket(c->my), SHUT_RDWR);
 	for (int i = 0; i < c->ncache; i++) {
 		mysql_stmt_close(c->cache[i].st);
 		free(c->cache[i].sql);
@@ -622,20 +753,26 @@ static void conn_close(conn *c)
 	if (c->my)
 		mysql_close(c->my);
 	c->my = NULL;
-	c->broken = 0;
+	c->base.broken = 0;
+	c->base.timed_out = 0;
 }
 
 static int conn_open(idem__backend *be, conn *c)
 {
+	const my_url *u = be->state;
 	int wait_s = (be->opts.busy_timeout_ms + 999) / 1000;
-	unsigned int connect_timeout = 10, io_timeout = (unsigned int)wait_s + IO_MARGIN_S;
+	unsigned int connect_timeout = CONNECT_TIMEOUT_S,
+		     io_timeout = (unsigned int)wait_s + IO_MARGIN_S;
 	my_bool reconnect = 0;
+	MYSQL *ok = NULL;
 	char setup[320];
 	int rc;
 
 	conn_close(c);
 	if (!(c->my = mysql_init(NULL)))
 		return idem__error(IDEM_ENOMEM, "mariadb: out of memory");
+	c->io_timeout_ms = (int)io_timeout * 1000;
+	mysql_options(c->my, MYSQL_OPT_NONBLOCK, 0);
 	mysql_options(c->my, MYSQL_OPT_CONNECT_TIMEOUT, &connect_timeout);
 	/* A server that stops answering (SIGSTOP, a dead link) fails the call
 	 * (2013: unavailable) after a lock wait plus a margin, instead of
@@ -646,12 +783,19 @@ static int conn_open(idem__backend *be, conn *c)
 	mysql_options(c->my, MYSQL_SET_CHARSET_NAME, "utf8mb4");
 	/* CLIENT_FOUND_ROWS: an UPDATE reports the rows it matched, as SQLite
 	 * and PostgreSQL do, even when it set a column to the value it had. */
-	if (!mysql_real_connect(c->my, *be->url.host ? be->url.host : NULL, be->url.user,
-				be->url.password, be->url.db, be->url.port, be->url.socket,
-				CLIENT_FOUND_ROWS)) {
-		rc = idem__error_driver(IDEM_EUNAVAIL, (int)mysql_errno(c->my), mysql_sqlstate(c->my),
-					"mariadb: connect: %s (errno %u)", mysql_error(c->my),
-					mysql_errno(c->my));
+	arm(c, CONNECT_TIMEOUT_S * 1000);
+	NB_RUN(c, ok,
+	       mysql_real_connect_start(&ok, c->my, *u->host ? u->host : NULL, u->user,
+					u->password, u->db, u->port, u->socket, CLIENT_FOUND_ROWS),
+	       mysql_real_connect_cont, c->my);
+	if (!ok || c->base.timed_out) {
+		if (c->base.timed_out)
+			rc = idem__error(IDEM_EUNAVAIL, "mariadb: connect: no answer from the "
+							"server before the deadline");
+		else
+			rc = idem__error_driver(IDEM_EUNAVAIL, (int)mysql_errno(c->my),
+						mysql_sqlstate(c->my), "mariadb: connect: %s (errno %u)",
+						mysql_error(c->my), mysql_errno(c->my));
 		conn_close(c);
 		return rc;
 	}
@@ -673,27 +817,6 @@ static int conn_open(idem__backend *be, conn *c)
 	return 0;
 }
 
-static int take(idem__backend *be, int writer, conn **out, int *fresh)
-{
-	idem__pool *p = writer ? &be->wpool : &be->rpool;
-	conn *slots = writer ? be->writers : be->readers;
-	int i = idem__pool_take(p), rc;
-	conn *c = &slots[i];
-
-	*out = NULL;
-	*fresh = 0;
-	if (c->broken)
-		conn_close(c);
-	if (!c->my) {
-		if ((rc = conn_open(be, c)) < 0) {
-			idem__pool_give(p, i);
-			return rc;
-		}
-		*fresh = 1;
-	}
-	*out = c;
-	return 0;
-}
 
 /* The server's status flags say a transaction is open on c. */
 static int in_transaction(conn *c)
@@ -704,93 +827,104 @@ static int in_transaction(conn *c)
 		return 1; /* cannot tell: treat it as out of step */
 	return (status & SERVER_STATUS_IN_TRANS) != 0;
 }
+/* ---- the driver (netdb.h) -------------------------------------------- */
 
-static void give(idem__backend *be, conn *c)
+static int drv_connect(idem__backend *be, idem__netconn *c)
 {
-	int writer = c >= be->writers && c < be->writers + IDEM__NET_WRITERS;
-
-	/* A connection left inside a transaction is out of step: drop it. */
-	if (c->my && !c->broken && in_transaction(c))
-		c->broken = 1;
-	if (c->broken)
-		conn_close(c);
-	if (writer)
-		idem__pool_give(&be->wpool, (int)(c - be->writers));
-	else
-		idem__pool_give(&be->rpool, (int)(c - be->readers));
+	return conn_open(be, (conn *)(void *)c);
 }
 
-static int reader_take(idem__backend *be, conn **out, int *fresh)
+static void drv_disconnect(idem__netconn *c)
 {
-	return take(be, be->nreaders == 0, out, fresh);
+	conn_close((conn *)(void *)c);
+}
+
+static int drv_in_transaction(idem__netconn *c)
+{
+	return in_transaction((conn *)(void *)c);
+}
+
+static int drv_simple(idem__netconn *c, const char *sql, const char *what)
+{
+	return simple((conn *)(void *)c, sql, what);
+}
+
+/* InnoDB rolls back only the failed statement: no savepoint per statement. */
+static int drv_run(idem__netconn *c, const char *sql, const idem_value *params, int n,
+		   idem_row_fn fn, void *ctx, int64_t *changes)
+{
+	return run((conn *)(void *)c, sql, params, n, fn, ctx, changes, NULL, CTX_BUSINESS);
+}
+
+/* 1213 at COMMIT is a Galera certification conflict: retryable. A lost
+ * connection leaves the outcome unknown: unavailable. */
+static int drv_commit(idem__netconn *c)
+{
+	return simple((conn *)(void *)c, "COMMIT", "commit");
+}
+
+static int drv_rollback(idem__netconn *c)
+{
+	return nb_query((conn *)(void *)c, "ROLLBACK", 8);
 }
 
 /*
- * Run a read on a reader. A stale connection (the server restarted since it
- * was last used) is replaced once, transparently: a failed read changed
- * nothing, so running it again on a new connection is safe.
+ * 1305: the savepoint is gone because the whole transaction is: rolled back
+ * by a deadlock or, on Galera, by a brute-force abort (a replicated write
+ * set that won certification). Retry the unit, as for the 1213 the next
+ * statement would have reported.
  */
-static int read_on(idem__backend *be, const char *sql, const idem_value *params, int n,
-		   idem_row_fn fn, void *ctx)
+static int drv_savepoint_failed(idem__netconn *nc, const char *verb, int rc)
 {
-	int rc = 0;
+	conn *c = (conn *)(void *)nc;
 
-	for (int attempt = 0; attempt < 2; attempt++) {
-		conn *c = NULL;
-		int fresh = 0;
-
-		if ((rc = reader_take(be, &c, &fresh)) < 0)
-			return rc;
-		rc = run(c, sql, params, n, fn, ctx, NULL, NULL, CTX_BUSINESS);
-		give(be, c);
-		if (rc != IDEM_EUNAVAIL || fresh)
-			break;
-	}
+	if (c->my && !c->base.broken && mysql_errno(c->my) == ER_SP_DOES_NOT_EXIST)
+		return idem__error_driver(IDEM_ERETRY, ER_SP_DOES_NOT_EXIST, mysql_sqlstate(c->my),
+					  "mariadb: %s: transaction rolled back under it (errno 1305)",
+					  verb);
 	return rc;
 }
+
+static void url_free(void *state)
+{
+	url_clear(state);
+	free(state);
+}
+
+static const idem__netdb_driver my_driver = {
+	.ops = &idem__mariadb_ops,
+	.conn_size = sizeof(conn),
+	.connect = drv_connect,
+	.disconnect = drv_disconnect,
+	.in_transaction = drv_in_transaction,
+	.simple = drv_simple,
+	.run = drv_run,
+	.commit = drv_commit,
+	.rollback = drv_rollback,
+	.savepoint_failed = drv_savepoint_failed,
+	.state_free = url_free,
+	.begin_sql = "START TRANSACTION",
+	.version_sql = "SELECT count(*) FROM information_schema.tables"
+		       " WHERE table_schema = DATABASE() AND table_name = 'idem_schema_version'",
+	.purge_sql = idem__my_purge_sql,
+};
 
 /* ---- schema ---------------------------------------------------------- */
-
-static int version_in(conn *c, int *out)
-{
-	int64_t v = 0;
-	int rc = run(c,
-		     "SELECT count(*) FROM information_schema.tables"
-		     " WHERE table_schema = DATABASE() AND table_name = 'idem_schema_version'",
-		     NULL, 0, idem_row_int, &v, NULL, NULL, CTX_PLAIN);
-
-	if (rc < 0)
-		return rc;
-	if (v && (rc = run(c, "SELECT coalesce(max(version), 0) FROM idem_schema_version", NULL, 0,
-			   idem_row_int, &v, NULL, NULL, CTX_PLAIN)) < 0)
-		return rc;
-	*out = (int)v;
-	return 0;
-}
-
-static int my_schema_version(idem__backend *be, int *out)
-{
-	conn *c = NULL;
-	int fresh = 0, rc;
-
-	if ((rc = reader_take(be, &c, &fresh)) < 0)
-		return rc;
-	rc = version_in(c, out);
-	give(be, c);
-	return rc;
-}
 
 /* The migration lock is server-wide by name: one name per database. */
 #define MIGRATE_LOCK "CONCAT('idem_migrate:', MD5(DATABASE()))"
 
 static int my_migrate(idem__backend *be, int *version_out)
 {
-	conn *c = NULL;
+	idem__netconn *nc = NULL;
+	conn *c;
 	int64_t got = 0;
 	int cur = 0, fresh = 0, locked = 0, rc;
 
-	if ((rc = take(be, 1, &c, &fresh)) < 0)
+	/* No request deadline: a migration may rewrite a large table. */
+	if ((rc = idem__net_take(be, IDEM__NET_WRITER, idem__backend_deadline(), &nc, &fresh)) < 0)
 		return rc;
+	c = (conn *)(void *)nc;
 	/* GET_LOCK serialises migrating processes; it is released when the
 	 * connection ends too, so a crashed migrator never blocks the next. */
 	if ((rc = run(c, "SELECT GET_LOCK(" MIGRATE_LOCK ", 60)", NULL, 0, idem_row_int, &got, NULL,
@@ -805,7 +939,7 @@ static int my_migrate(idem__backend *be, int *version_out)
 			    " version INT NOT NULL PRIMARY KEY, applied_at BIGINT NOT NULL)"
 			    " ENGINE=InnoDB",
 			 "schema table")) < 0 ||
-	    (rc = version_in(c, &cur)) < 0)
+	    (rc = idem__net_version_in(be, nc, &cur)) < 0)
 		goto out;
 	if (cur > IDEM__MY_SCHEMA_LATEST) {
 		rc = idem__error(IDEM_ESCHEMA,
@@ -827,196 +961,59 @@ static int my_migrate(idem__backend *be, int *version_out)
 	if (version_out)
 		*version_out = cur;
 out:
-	if (locked && !c->broken && simple(c, "DO RELEASE_LOCK(" MIGRATE_LOCK ")", "unlock") < 0 &&
-	    rc == 0)
-		c->broken = 1; /* the lock must not outlive this call: drop the session */
-	give(be, c);
+	if (locked && !c->base.broken &&
+	    simple(c, "DO RELEASE_LOCK(" MIGRATE_LOCK ")", "unlock") < 0 && rc == 0)
+		c->base.broken = 1; /* the lock must not outlive this call: drop the session */
+	idem__net_give(be, nc);
 	return rc;
 }
 
-/* ---- open / close ---------------------------------------------------- */
-
-static void my_close(idem__backend *be)
-{
-	if (!be)
-		return;
-	for (int i = 0; be->writers && i < IDEM__NET_WRITERS; i++)
-		conn_close(&be->writers[i]);
-	for (int i = 0; be->readers && i < be->nreaders; i++)
-		conn_close(&be->readers[i]);
-	free(be->writers);
-	free(be->readers);
-	idem__pool_destroy(&be->wpool);
-	idem__pool_destroy(&be->rpool);
-	url_clear(&be->url);
-	free(be);
-}
+/* ---- open ------------------------------------------------------------ */
 
 static int my_open(idem__backend **out, idem_store *store, const char *target,
 		   const idem_store_opts *opts)
 {
-	idem__backend *be = NULL;
-	conn *c = NULL;
-	int fresh = 0, rc;
+	my_url *u;
+	int rc;
 
 	*out = NULL;
 	pthread_once(&library_once, library_init);
 	if (library_rc != 0)
 		return idem__error(IDEM_EUNAVAIL, "mariadb: client library failed to initialise");
-	if (!(be = calloc(1, sizeof(*be))))
+	if (!(u = calloc(1, sizeof(*u))))
 		return idem__error(IDEM_ENOMEM, "out of memory");
-	be->store = store;
-	be->opts = *opts;
-	if ((rc = url_parse(&be->url, target ? target : "")) < 0)
-		goto done;
-	be->nreaders = opts->read_connections;
-	if (!(be->writers = calloc(IDEM__NET_WRITERS, sizeof(conn))) ||
-	    (be->nreaders && !(be->readers = calloc((size_t)be->nreaders, sizeof(conn))))) {
-		rc = idem__error(IDEM_ENOMEM, "out of memory");
-		goto done;
+	if ((rc = url_parse(u, target ? target : "")) < 0) {
+		free(u);
+		return rc;
 	}
-	for (int i = 0; i < IDEM__NET_WRITERS; i++) {
-		be->writers[i].txn.base.store = store;
-		be->writers[i].txn.base.ops = &idem__mariadb_ops;
-		be->writers[i].txn.be = be;
-		be->writers[i].txn.c = &be->writers[i];
-	}
-	if ((rc = idem__pool_init(&be->wpool, IDEM__NET_WRITERS)) < 0 ||
-	    (rc = idem__pool_init(&be->rpool, be->nreaders)) < 0)
-		goto done;
-	/* One connection now, so a wrong URL or a down server fails the open. */
-	if ((rc = take(be, 1, &c, &fresh)) < 0)
-		goto done;
-	give(be, c);
-	*out = be;
-	be = NULL;
-	rc = 0;
-done:
-	my_close(be);
-	return rc;
+	return idem__net_open(out, store, opts, &my_driver, u);
 }
 
 MYSQL *idem__mariadb_connect(const char *url)
 {
 	idem_store_opts opts = IDEM_STORE_OPTS_INIT;
 	idem__backend be;
+	my_url u;
 	conn c;
 	const char *colon = url ? strchr(url, ':') : NULL;
 	MYSQL *my = NULL;
 
 	memset(&be, 0, sizeof(be));
 	memset(&c, 0, sizeof(c));
+	memset(&u, 0, sizeof(u));
 	be.opts = opts;
+	be.state = &u;
 	pthread_once(&library_once, library_init);
 	if (!colon || library_rc != 0) {
 		idem__error(IDEM_EINVAL, "mariadb: not a mysql:// URL");
 		return NULL;
 	}
-	if (url_parse(&be.url, colon + 1) == 0 && conn_open(&be, &c) == 0) {
+	if (url_parse(&u, colon + 1) == 0 && conn_open(&be, &c) == 0) {
 		my = c.my; /* no statements cached yet: the handle is all there is */
 		c.my = NULL;
 	}
-	url_clear(&be.url);
+	url_clear(&u);
 	return my;
-}
-
-static int my_ping(idem__backend *be)
-{
-	return read_on(be, "SELECT 1", NULL, 0, NULL, NULL);
-}
-
-/* ---- transactions ---------------------------------------------------- */
-
-static conn *conn_of(idem_txn *txn)
-{
-	return ((my_txn *)txn)->c;
-}
-
-/*
- * START TRANSACTION on a writer. A connection that went stale while pooled
- * fails here; nothing ran on it, so one retry on a new connection is safe.
- */
-static int my_txn_begin(idem__backend *be, idem_txn **out)
-{
-	int rc = 0;
-
-	*out = NULL;
-	for (int attempt = 0; attempt < 2; attempt++) {
-		conn *c = NULL;
-		int fresh = 0;
-
-		if ((rc = take(be, 1, &c, &fresh)) < 0)
-			return rc;
-		if ((rc = simple(c, "START TRANSACTION", "begin")) == 0) {
-			*out = &c->txn.base;
-			return 0;
-		}
-		give(be, c);
-		if (rc != IDEM_EUNAVAIL || fresh)
-			break;
-	}
-	return rc;
-}
-
-static void my_txn_rollback(idem_txn *txn)
-{
-	conn *c = conn_of(txn);
-
-	if (c->my && !c->broken && mysql_real_query(c->my, "ROLLBACK", 8) != 0)
-		c->broken = 1;
-	give(((my_txn *)txn)->be, c);
-}
-
-static int my_txn_commit(idem_txn *txn)
-{
-	conn *c = conn_of(txn);
-	int rc = simple(c, "COMMIT", "commit");
-
-	if (rc < 0) {
-		/* 1213 at COMMIT is a Galera certification conflict: retryable.
-		 * A lost connection leaves the outcome unknown: unavailable. */
-		my_txn_rollback(txn);
-		return rc;
-	}
-	give(((my_txn *)txn)->be, c);
-	return 0;
-}
-
-static int savepoint_sql(idem_txn *txn, const char *verb, const char *name)
-{
-	conn *c = conn_of(txn);
-	char sql[96];
-	int rc;
-
-	for (const char *p = name; *p; p++)
-		if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '_'))
-			return idem__error(IDEM_EINVAL, "bad savepoint name");
-	snprintf(sql, sizeof(sql), "%s %s", verb, name);
-	if ((rc = simple(c, sql, verb)) < 0 && c->my && !c->broken &&
-	    mysql_errno(c->my) == ER_SP_DOES_NOT_EXIST)
-		/* 1305: the savepoint is gone because the whole transaction is:
-		 * rolled back by a deadlock or, on Galera, by a brute-force abort
-		 * (a replicated write set that won certification). Retry the unit,
-		 * as for the 1213 the next statement would have reported. */
-		rc = idem__error_driver(IDEM_ERETRY, ER_SP_DOES_NOT_EXIST, mysql_sqlstate(c->my),
-					"mariadb: %s: transaction rolled back under it (errno 1305)",
-					verb);
-	return rc;
-}
-
-static int my_savepoint(idem_txn *txn, const char *name)
-{
-	return savepoint_sql(txn, "SAVEPOINT", name);
-}
-
-static int my_release(idem_txn *txn, const char *name)
-{
-	return savepoint_sql(txn, "RELEASE SAVEPOINT", name);
-}
-
-static int my_rollback_to(idem_txn *txn, const char *name)
-{
-	return savepoint_sql(txn, "ROLLBACK TO SAVEPOINT", name);
 }
 
 /* ---- records --------------------------------------------------------- */
@@ -1050,67 +1047,28 @@ static int my_rec_insert(idem_txn *txn, const idem__key *k, idem__record *rec)
 	return rc;
 }
 
-/* One batch through the expires_at index; a live lease is never purged. */
-static int my_purge_batch(idem__backend *be, int64_t now, int batch, int64_t *deleted)
-{
-	const char *sql = idem__my_purge_sql;
-	idem_value p[3] = {IDEM_V_INT(now), IDEM_V_INT(now), IDEM_V_INT(batch)};
-	idem_txn *txn = NULL;
-	int rc;
-
-	*deleted = 0;
-	if ((rc = my_txn_begin(be, &txn)) < 0)
-		return rc;
-	if ((rc = run(conn_of(txn), sql, p, 3, NULL, NULL, deleted, NULL, CTX_PLAIN)) < 0) {
-		my_txn_rollback(txn);
-		return rc;
-	}
-	return my_txn_commit(txn);
-}
-
-/* ---- generic SQL ----------------------------------------------------- */
-
-/* InnoDB rolls back only the failed statement, so no savepoint is needed. */
-static int my_txn_exec(idem_txn *txn, const char *sql, const idem_value *params, int n,
-		       int64_t *changes)
-{
-	return run(conn_of(txn), sql, params, n, NULL, NULL, changes, NULL, CTX_BUSINESS);
-}
-
-static int my_txn_query(idem_txn *txn, const char *sql, const idem_value *params, int n,
-			idem_row_fn fn, void *ctx)
-{
-	return run(conn_of(txn), sql, params, n, fn, ctx, NULL, NULL, CTX_BUSINESS);
-}
-
-static int my_read_query(idem__backend *be, const char *sql, const idem_value *params, int n,
-			 idem_row_fn fn, void *ctx)
-{
-	return read_on(be, sql, params, n, fn, ctx);
-}
-
 const idem__backend_ops idem__mariadb_ops = {
 	.version = IDEM__BACKEND_OPS_VERSION,
 	.name = "mariadb",
 	.open = my_open,
-	.close = my_close,
+	.close = idem__net_close,
 	.migrate = my_migrate,
-	.schema_version = my_schema_version,
+	.schema_version = idem__net_schema_version,
 	.schema_latest = IDEM__MY_SCHEMA_LATEST,
-	.ping = my_ping,
-	.txn_begin = my_txn_begin,
-	.txn_commit = my_txn_commit,
-	.txn_rollback = my_txn_rollback,
-	.savepoint = my_savepoint,
-	.release = my_release,
-	.rollback_to = my_rollback_to,
+	.ping = idem__net_ping,
+	.txn_begin = idem__net_txn_begin,
+	.txn_commit = idem__net_txn_commit,
+	.txn_rollback = idem__net_txn_rollback,
+	.savepoint = idem__net_savepoint,
+	.release = idem__net_release,
+	.rollback_to = idem__net_rollback_to,
 	.rec_insert = my_rec_insert,
 	.rec_takeover = idem__rec_takeover,
 	.rec_complete = idem__rec_complete,
 	.rec_extend = idem__rec_extend,
 	.rec_delete_owned = idem__rec_delete_owned,
-	.purge_batch = my_purge_batch,
-	.txn_exec = my_txn_exec,
-	.txn_query = my_txn_query,
-	.read_query = my_read_query,
+	.purge_batch = idem__net_purge_batch,
+	.txn_exec = idem__net_txn_exec,
+	.txn_query = idem__net_txn_query,
+	.read_query = idem__net_read_query,
 };

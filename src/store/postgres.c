@@ -1,18 +1,18 @@
 /*
- * store/postgres.c: the PostgreSQL backend, on libpq.
+ * store/postgres.c: the PostgreSQL dialect driver, on libpq, behind the
+ * shared server-backend core (netdb.c: pools, deadlines, stale-connection
+ * retries, transaction framing, savepoints, schema version, purge). Here:
+ * connecting, error classification, statement text, parameters and result
+ * conversion, the claim INSERT, migrations under an advisory lock.
  *
- * Two pools of connections: IDEM__NET_WRITERS writers, each holding one
- * write transaction at a time (units of work, claims, purge batches), and
- * opts.read_connections readers for the read-before-write fast path and
- * idem_store_query. Connections open lazily; one that breaks (the server
- * went away, was restarted, killed our backend) is dropped when it goes back
- * to its pool and reopened on next use, so the store recovers without being
- * reopened. Statements are prepared once per connection, keyed by their SQL
- * text; the generic `?` placeholders are rewritten to $1..$n on the way.
- * Every session runs READ COMMITTED with lock_timeout = busy_timeout_ms.
- * No call waits for the server longer than busy_timeout_ms + 10 s: a server
- * that stops answering (SIGSTOP, a dead link) makes the call fail as
- * unavailable and its connection is dropped, instead of hanging the caller.
+ * Statements are prepared once per connection, keyed by their SQL text; the
+ * generic `?` placeholders are rewritten to $1..$n on the way. Every session
+ * runs READ COMMITTED with lock_timeout = busy_timeout_ms. No call waits for
+ * the server longer than busy_timeout_ms + 10 s, nor past its connection's
+ * deadline (netdb.h): libpq runs non-blocking here (PQconnectPoll, PQsend*
+ * + poll), so a server that stops answering (SIGSTOP, a dead link) makes the
+ * call fail as unavailable and the core drops its connection, instead of
+ * hanging the caller.
  *
  * Error classification is exact. The claim is INSERT ... ON CONFLICT
  * (scope, business_type, idem_key) DO NOTHING RETURNING id: a row back means
@@ -46,6 +46,8 @@
 #define SQL_MAX (1 << 20)
 /* How much longer than a lock wait any call may wait for the server. */
 #define IO_MARGIN_MS 10000
+/* The longest a connect may take, deadline or not (libpq's connect_timeout). */
+#define CONNECT_TIMEOUT_MS 10000
 
 /* Key of the advisory lock that serialises migrations (per database). */
 #define MIGRATE_LOCK_KEY "7589122023311"
@@ -60,35 +62,22 @@
 
 typedef struct conn conn;
 
-typedef struct {
-	struct idem_txn base;
-	idem__backend *be;
-	conn *c;
-} pg_txn;
-
+/* A connection: the core's header first (netdb.h), then libpq's. */
 struct conn {
+	idem__netconn base;
 	PGconn *pg;
-	int broken; /* lost or in an unknown state: drop it when given back */
-	int timed_out; /* the server stopped answering (broken too) */
 	int io_timeout_ms;
 	int ncache;
 	struct {
 		char *sql; /* the caller's SQL text, before rewriting */
 		int nparams;
 	} cache[STMT_CACHE]; /* statement i is prepared as "idem_<i>" */
-	pg_txn txn;
 };
 
-struct idem__backend {
-	idem_store *store;
-	char *url;
-	idem_store_opts opts;
-	conn *writers;
-	idem__pool wpool;
-	conn *readers;
-	int nreaders;
-	idem__pool rpool;
-};
+static conn *conn_of(idem_txn *txn)
+{
+	return (conn *)(void *)idem__net_conn_of(txn);
+}
 
 /* ---- errors ---------------------------------------------------------- */
 
@@ -115,8 +104,8 @@ static int fail(conn *c, const PGresult *res, err_ctx ctx, const char *what)
 	const char *msg = res ? PQresultErrorMessage(res) : "";
 	int code, len;
 
-	if (!res && c->timed_out)
-		msg = "the server did not answer in time; connection dropped";
+	if (!res && c->base.timed_out)
+		msg = "the server did not answer before the deadline; connection dropped";
 	if (!msg || !*msg)
 		msg = c->pg ? PQerrorMessage(c->pg) : "no connection";
 	len = (int)strlen(msg);
@@ -125,7 +114,7 @@ static int fail(conn *c, const PGresult *res, err_ctx ctx, const char *what)
 	if (!c->pg || PQstatus(c->pg) == CONNECTION_BAD || !state) {
 		/* libpq's own failure (no SQLSTATE): the connection is gone or
 		 * out of step; never reuse it. */
-		c->broken = 1;
+		c->base.broken = 1;
 		code = IDEM_EUNAVAIL;
 	} else if (is_state(state, "23505")) {
 		if (ctx == CTX_CLAIM && is_state(cons, "idem_records_key"))
@@ -138,8 +127,10 @@ static int fail(conn *c, const PGresult *res, err_ctx ctx, const char *what)
 		code = IDEM_ERETRY;
 	} else if (is_class(state, "08") || is_state(state, "57P01") ||
 		   is_state(state, "57P02") || is_state(state, "57P03")) {
-		c->broken = 1;
+		c->base.broken = 1;
 		code = IDEM_EUNAVAIL;
+	} else if (is_state(state, "57014")) {
+		code = IDEM_EUNAVAIL; /* statement_timeout: the server's own bound */
 	} else if (is_state(state, "53300")) {
 		code = IDEM_EUNAVAIL; /* too many connections */
 	} else if (is_state(state, "22003")) {
@@ -393,7 +384,7 @@ static int deliver_rows(PGresult *res, idem_row_fn fn, void *ctx)
  * Collect the result of what was just sent on c, waiting at most the
  * connection's I/O bound. libpq's blocking calls would wait forever for a
  * stopped server. Returns the first error result, else the last result, or
- * NULL when nothing usable came back (c->broken is then set). sent is the
+ * NULL when nothing usable came back (c->base.broken is then set). sent is the
  * return value of the PQsend* call.
  */
 static PGresult *await(conn *c, int sent)
@@ -401,8 +392,11 @@ static PGresult *await(conn *c, int sent)
 	int64_t deadline = idem__clock_monotonic_us() + (int64_t)c->io_timeout_ms * 1000;
 	PGresult *res = NULL, *r;
 
+	if (c->base.deadline_us > 0 && c->base.deadline_us < deadline)
+		deadline = c->base.deadline_us;
+
 	if (!sent) {
-		c->broken = 1;
+		c->base.broken = 1;
 		return NULL;
 	}
 	for (;;) {
@@ -412,18 +406,18 @@ static PGresult *await(conn *c, int sent)
 			int n;
 
 			if (left <= 0) {
-				c->broken = c->timed_out = 1;
+				c->base.broken = c->base.timed_out = 1;
 				PQclear(res);
 				return NULL;
 			}
 			n = poll(&pfd, 1, (int)((left + 999) / 1000));
 			if (n < 0 && errno != EINTR) {
-				c->broken = 1;
+				c->base.broken = 1;
 				PQclear(res);
 				return NULL;
 			}
 			if (n > 0 && !PQconsumeInput(c->pg)) {
-				c->broken = 1;
+				c->base.broken = 1;
 				PQclear(res);
 				return NULL;
 			}
@@ -488,7 +482,7 @@ static int prepare(conn *c, const char *sql, int n, int *slot, char **oneoff)
 	}
 	if (!(c->cache[c->ncache].sql = strdup(sql))) {
 		/* The server keeps "idem_<n>"; drop the connection to stay in step. */
-		c->broken = 1;
+		c->base.broken = 1;
 		rc = idem__error(IDEM_ENOMEM, "out of memory");
 		goto done;
 	}
@@ -515,7 +509,7 @@ static int run(conn *c, const char *sql, const idem_value *params, int n, idem_r
 	int slot = -1, rc;
 	ExecStatusType st;
 
-	if (!c->pg || c->broken)
+	if (!c->pg || c->base.broken)
 		return idem__error(IDEM_EUNAVAIL, "postgresql: connection lost");
 	if ((rc = bind_params(&b, params, n)) < 0)
 		return rc;
@@ -555,7 +549,7 @@ static int simple(conn *c, const char *sql, const char *what)
 	PGresult *res;
 	int rc = 0;
 
-	if (!c->pg || c->broken)
+	if (!c->pg || c->base.broken)
 		return idem__error(IDEM_EUNAVAIL, "postgresql: connection lost");
 	res = exec_text(c, sql);
 	if (PQresultStatus(res) != PGRES_COMMAND_OK && PQresultStatus(res) != PGRES_TUPLES_OK)
@@ -581,22 +575,63 @@ static void conn_close(conn *c)
 	if (c->pg)
 		PQfinish(c->pg);
 	c->pg = NULL;
-	c->broken = 0;
-	c->timed_out = 0;
+	c->base.broken = 0;
+	c->base.timed_out = 0;
+}
+
+/*
+ * Drive a non-blocking connect to the end, waiting at most until deadline_us
+ * in all: libpq's PQconnectdb would wait for a stopped server's handshake
+ * for its whole connect_timeout, per address.
+ */
+static int connect_poll(conn *c, int64_t deadline_us)
+{
+	PostgresPollingStatusType st = PGRES_POLLING_WRITING;
+
+	if (PQstatus(c->pg) == CONNECTION_BAD)
+		return -1;
+	while (st != PGRES_POLLING_OK) {
+		struct pollfd pfd = {PQsocket(c->pg), st == PGRES_POLLING_READING ? POLLIN : POLLOUT,
+				     0};
+		int left = idem__net_wait_ms(deadline_us, 0), n;
+
+		if (st == PGRES_POLLING_FAILED || pfd.fd < 0)
+			return -1;
+		if (left == 0)
+			return 1;
+		n = poll(&pfd, 1, left);
+		if (n < 0 && errno != EINTR)
+			return -1;
+		if (n > 0)
+			st = PQconnectPoll(c->pg);
+	}
+	return 0;
 }
 
 static int conn_open(idem__backend *be, conn *c)
 {
-	/* Keywords before dbname are defaults the URL may override. */
-	const char *keys[] = {"connect_timeout", "fallback_application_name", "dbname", NULL};
-	const char *vals[] = {"10", "idem", be->url, NULL};
+	/* Keywords before dbname are defaults the URL may override. Keepalives
+	 * and tcp_user_timeout end a connection whose peer vanished (a dead
+	 * link) even when idem is not waiting on it. */
+	const char *keys[] = {"connect_timeout", "fallback_application_name", "keepalives",
+			      "keepalives_idle", "keepalives_interval", "keepalives_count",
+			      "tcp_user_timeout", "dbname", NULL};
+	const char *vals[] = {"10", "idem", "1", "30", "10", "3", "30000", (const char *)be->state, NULL};
+	int64_t deadline = idem__clock_monotonic_us() + CONNECT_TIMEOUT_MS * 1000LL;
 	char setup[256];
 	int rc;
 
 	conn_close(c);
-	c->pg = PQconnectdbParams(keys, vals, 1);
+	if (c->base.deadline_us > 0 && c->base.deadline_us < deadline)
+		deadline = c->base.deadline_us;
+	c->pg = PQconnectStartParams(keys, vals, 1);
 	if (!c->pg)
 		return idem__error(IDEM_ENOMEM, "postgresql: out of memory connecting");
+	if ((rc = connect_poll(c, deadline)) > 0) {
+		conn_close(c);
+		return idem__error(IDEM_EUNAVAIL,
+				   "postgresql: connect: no answer from the server before the deadline");
+	}
 	if (PQstatus(c->pg) != CONNECTION_OK) {
 		const char *msg = PQerrorMessage(c->pg);
 		int len = (int)strlen(msg);
@@ -621,126 +656,100 @@ static int conn_open(idem__backend *be, conn *c)
 	return 0;
 }
 
-/*
- * Take a connection from a pool, opening it if needed. *fresh is 1 when it
- * was opened now (so a failure on it is not a stale connection's).
- */
-static int take(idem__backend *be, int writer, conn **out, int *fresh)
-{
-	idem__pool *p = writer ? &be->wpool : &be->rpool;
-	conn *slots = writer ? be->writers : be->readers;
-	int i = idem__pool_take(p), rc;
-	conn *c = &slots[i];
 
-	*out = NULL;
-	*fresh = 0;
-	if (c->broken)
-		conn_close(c);
-	if (!c->pg) {
-		if ((rc = conn_open(be, c)) < 0) {
-			idem__pool_give(p, i);
-			return rc;
-		}
-		*fresh = 1;
-	}
-	*out = c;
-	return 0;
+/* ---- the driver (netdb.h) -------------------------------------------- */
+
+static int drv_connect(idem__backend *be, idem__netconn *c)
+{
+	return conn_open(be, (conn *)(void *)c);
 }
 
-static void give(idem__backend *be, conn *c)
+static void drv_disconnect(idem__netconn *c)
 {
-	int writer = c >= be->writers && c < be->writers + IDEM__NET_WRITERS;
-
-	/* A connection left inside a transaction is out of step: drop it. */
-	if (c->pg && !c->broken && PQtransactionStatus(c->pg) != PQTRANS_IDLE)
-		c->broken = 1;
-	if (c->broken)
-		conn_close(c);
-	if (writer)
-		idem__pool_give(&be->wpool, (int)(c - be->writers));
-	else
-		idem__pool_give(&be->rpool, (int)(c - be->readers));
+	conn_close((conn *)(void *)c);
 }
 
-/* Readers: the writer pool stands in when the store has none. */
-static int reader_take(idem__backend *be, conn **out, int *fresh)
+static int drv_in_transaction(idem__netconn *c)
 {
-	return take(be, be->nreaders == 0, out, fresh);
+	return PQtransactionStatus(((conn *)(void *)c)->pg) != PQTRANS_IDLE;
 }
 
-/*
- * Run a read on a reader. A stale connection (the server restarted since it
- * was last used) is replaced once, transparently: a failed read changed
- * nothing, so running it again on a new connection is safe.
- */
-static int read_on(idem__backend *be, const char *sql, const idem_value *params, int n,
-		   idem_row_fn fn, void *ctx)
+static int drv_simple(idem__netconn *c, const char *sql, const char *what)
 {
+	return simple((conn *)(void *)c, sql, what);
+}
+
+static int drv_run(idem__netconn *c, const char *sql, const idem_value *params, int n,
+		   idem_row_fn fn, void *ctx, int64_t *changes)
+{
+	return run((conn *)(void *)c, sql, params, n, fn, ctx, changes, CTX_BUSINESS);
+}
+
+static int drv_commit(idem__netconn *nc)
+{
+	conn *c = (conn *)(void *)nc;
+	PGresult *res = exec_text(c, "COMMIT");
 	int rc = 0;
 
-	for (int attempt = 0; attempt < 2; attempt++) {
-		conn *c = NULL;
-		int fresh = 0;
-
-		if ((rc = reader_take(be, &c, &fresh)) < 0)
-			return rc;
-		rc = run(c, sql, params, n, fn, ctx, NULL, CTX_BUSINESS);
-		give(be, c);
-		if (rc >= 0 || rc != IDEM_EUNAVAIL || fresh)
-			break;
-	}
+	if (PQresultStatus(res) != PGRES_COMMAND_OK)
+		/* Lost during COMMIT: its fate is unknown: unavailable. */
+		rc = fail(c, res, CTX_PLAIN, "commit");
+	else if (strcmp(PQcmdStatus(res), "COMMIT") != 0)
+		/* COMMIT of a failed transaction answers ROLLBACK, not an error. */
+		rc = idem__error(IDEM_ESTORE, "postgresql: transaction was aborted; rolled back");
+	PQclear(res);
 	return rc;
 }
+
+static int drv_rollback(idem__netconn *nc)
+{
+	PGresult *res = exec_text((conn *)(void *)nc, "ROLLBACK");
+	int bad = PQresultStatus(res) != PGRES_COMMAND_OK;
+
+	PQclear(res);
+	return bad;
+}
+
+static void url_free(void *state)
+{
+	free(state);
+}
+
+static const idem__netdb_driver pg_driver = {
+	.ops = &idem__postgres_ops,
+	.conn_size = sizeof(conn),
+	.connect = drv_connect,
+	.disconnect = drv_disconnect,
+	.in_transaction = drv_in_transaction,
+	.simple = drv_simple,
+	.run = drv_run,
+	.commit = drv_commit,
+	.rollback = drv_rollback,
+	.state_free = url_free,
+	.begin_sql = "BEGIN",
+	.version_sql = "SELECT to_regclass('idem_schema_version') IS NOT NULL",
+	.purge_sql = idem__purge_sql,
+};
 
 /* ---- schema ---------------------------------------------------------- */
 
-static int version_in(conn *c, int *out)
-{
-	int64_t v = 0;
-	int rc = run(c, "SELECT to_regclass('idem_schema_version') IS NOT NULL", NULL, 0,
-		     idem_row_int, &v, NULL, CTX_PLAIN);
-
-	if (rc < 0)
-		return rc;
-	if (v && (rc = run(c, "SELECT coalesce(max(version), 0) FROM idem_schema_version", NULL, 0,
-			   idem_row_int, &v, NULL, CTX_PLAIN)) < 0)
-		return rc;
-	*out = (int)v;
-	return 0;
-}
-
-static int pg_schema_version(idem__backend *be, int *out)
-{
-	conn *c = NULL;
-	int fresh = 0, rc;
-
-	if ((rc = reader_take(be, &c, &fresh)) < 0)
-		return rc;
-	rc = version_in(c, out);
-	give(be, c);
-	return rc;
-}
-
-/*
- * Each pending version runs in one transaction with the row recording it,
- * after pg_advisory_xact_lock: two processes migrating at once serialise on
- * the lock and the second finds the work done. DDL is transactional here,
- * so a failed migration leaves nothing behind.
- */
 static int pg_migrate(idem__backend *be, int *version_out)
 {
-	conn *c = NULL;
+	idem__netconn *nc = NULL;
+	conn *c;
 	int cur = 0, fresh = 0, rc;
 
-	if ((rc = take(be, 1, &c, &fresh)) < 0)
+	/* No request deadline: a migration may rewrite a large table. */
+	if ((rc = idem__net_take(be, IDEM__NET_WRITER, idem__backend_deadline(), &nc, &fresh)) < 0)
 		return rc;
+	c = (conn *)(void *)nc;
 	if ((rc = simple(c, "BEGIN", "begin")) < 0)
 		goto out;
 	if ((rc = simple(c, "SELECT pg_advisory_xact_lock(" MIGRATE_LOCK_KEY ")", "lock")) < 0 ||
 	    (rc = simple(c, "CREATE TABLE IF NOT EXISTS idem_schema_version ("
 			    " version INTEGER PRIMARY KEY, applied_at BIGINT NOT NULL)",
 			 "schema table")) < 0 ||
-	    (rc = version_in(c, &cur)) < 0)
+	    (rc = idem__net_version_in(be, nc, &cur)) < 0)
 		goto rollback;
 	if (cur > IDEM__PG_SCHEMA_LATEST) {
 		rc = idem__error(IDEM_ESCHEMA,
@@ -763,204 +772,55 @@ static int pg_migrate(idem__backend *be, int *version_out)
 		*version_out = cur;
 	goto out;
 rollback:
-	if (!c->broken)
+	if (!c->base.broken)
 		PQclear(exec_text(c, "ROLLBACK"));
 out:
-	give(be, c);
+	idem__net_give(be, nc);
 	return rc;
 }
 
-/* ---- open / close ---------------------------------------------------- */
 
-static void pg_close(idem__backend *be)
-{
-	if (!be)
-		return;
-	for (int i = 0; be->writers && i < IDEM__NET_WRITERS; i++)
-		conn_close(&be->writers[i]);
-	for (int i = 0; be->readers && i < be->nreaders; i++)
-		conn_close(&be->readers[i]);
-	free(be->writers);
-	free(be->readers);
-	idem__pool_destroy(&be->wpool);
-	idem__pool_destroy(&be->rpool);
-	free(be->url);
-	free(be);
-}
+/* ---- open ---------------------------------------------------------- */
 
-/* target: the URL after "postgresql:" or "postgres:", i.e. "//user@host/db". */
 static int pg_open(idem__backend **out, idem_store *store, const char *target,
 		   const idem_store_opts *opts)
 {
-	idem__backend *be = NULL;
 	PQconninfoOption *info = NULL;
-	char *err = NULL;
-	conn *c = NULL;
+	char *err = NULL, *url;
 	size_t len;
-	int fresh = 0, rc;
 
 	*out = NULL;
 	if (!target || strncmp(target, "//", 2) != 0)
 		return idem__error(IDEM_EINVAL,
 				   "postgresql URL must look like postgresql://user@host:port/db");
-	if (!(be = calloc(1, sizeof(*be))))
-		return idem__error(IDEM_ENOMEM, "out of memory");
-	be->store = store;
-	be->opts = *opts;
 	len = strlen(target) + sizeof("postgresql:");
-	if (!(be->url = malloc(len))) {
-		rc = idem__error(IDEM_ENOMEM, "out of memory");
-		goto done;
-	}
-	snprintf(be->url, len, "postgresql:%s", target);
+	if (!(url = malloc(len)))
+		return idem__error(IDEM_ENOMEM, "out of memory");
+	snprintf(url, len, "postgresql:%s", target);
 	/* Reject a malformed URL now, as bad input, not as "unreachable". */
-	if (!(info = PQconninfoParse(be->url, &err))) {
-		int n = err ? (int)strlen(err) : 0;
+	if (!(info = PQconninfoParse(url, &err))) {
+		int n = err ? (int)strlen(err) : 0, rc;
 
 		while (n > 0 && err[n - 1] == '\n')
 			n--;
 		rc = idem__error(IDEM_EINVAL, "postgresql URL invalid: %.*s", n,
 				 err ? err : "out of memory");
-		goto done;
+		PQfreemem(err);
+		free(url);
+		return rc;
 	}
-	be->nreaders = opts->read_connections;
-	if (!(be->writers = calloc(IDEM__NET_WRITERS, sizeof(conn))) ||
-	    (be->nreaders && !(be->readers = calloc((size_t)be->nreaders, sizeof(conn))))) {
-		rc = idem__error(IDEM_ENOMEM, "out of memory");
-		goto done;
-	}
-	for (int i = 0; i < IDEM__NET_WRITERS; i++) {
-		be->writers[i].txn.base.store = store;
-		be->writers[i].txn.base.ops = &idem__postgres_ops;
-		be->writers[i].txn.be = be;
-		be->writers[i].txn.c = &be->writers[i];
-	}
-	if ((rc = idem__pool_init(&be->wpool, IDEM__NET_WRITERS)) < 0 ||
-	    (rc = idem__pool_init(&be->rpool, be->nreaders)) < 0)
-		goto done;
-	/* One connection now, so a wrong URL or a down server fails the open. */
-	if ((rc = take(be, 1, &c, &fresh)) < 0)
-		goto done;
-	give(be, c);
-	*out = be;
-	be = NULL;
-	rc = 0;
-done:
 	PQconninfoFree(info);
-	PQfreemem(err);
-	pg_close(be);
-	return rc;
-}
-
-static int pg_ping(idem__backend *be)
-{
-	return read_on(be, "SELECT 1", NULL, 0, NULL, NULL);
-}
-
-/* ---- transactions ---------------------------------------------------- */
-
-static conn *conn_of(idem_txn *txn)
-{
-	return ((pg_txn *)txn)->c;
+	return idem__net_open(out, store, opts, &pg_driver, url);
 }
 
 /*
- * BEGIN on a writer. A connection that went stale while pooled fails its
- * BEGIN; nothing ran on it, so one retry on a new connection is safe and
- * spares the caller an error after the server came back.
+ * SELECT 1 on the ping's own connection, all of it (waiting for that
+ * connection, reconnecting, the answer) within IDEM__NET_PING_MS: /healthz
+ * says 503 promptly while every other connection hangs on a frozen server.
  */
-static int pg_txn_begin(idem__backend *be, idem_txn **out)
-{
-	int rc = 0;
-
-	*out = NULL;
-	for (int attempt = 0; attempt < 2; attempt++) {
-		conn *c = NULL;
-		int fresh = 0;
-
-		if ((rc = take(be, 1, &c, &fresh)) < 0)
-			return rc;
-		if ((rc = simple(c, "BEGIN", "begin")) == 0) {
-			*out = &c->txn.base;
-			return 0;
-		}
-		give(be, c);
-		if (rc != IDEM_EUNAVAIL || fresh)
-			break;
-	}
-	return rc;
-}
-
-static void pg_txn_rollback(idem_txn *txn)
-{
-	conn *c = conn_of(txn);
-
-	if (c->pg && !c->broken) {
-		PGresult *res = exec_text(c, "ROLLBACK");
-
-		if (PQresultStatus(res) != PGRES_COMMAND_OK)
-			c->broken = 1;
-		PQclear(res);
-	}
-	give(((pg_txn *)txn)->be, c);
-}
-
-static int pg_txn_commit(idem_txn *txn)
-{
-	conn *c = conn_of(txn);
-	PGresult *res = NULL;
-	int rc = 0;
-
-	if (!c->pg || c->broken) {
-		rc = idem__error(IDEM_EUNAVAIL, "postgresql: connection lost before commit");
-		goto done;
-	}
-	res = exec_text(c, "COMMIT");
-	if (PQresultStatus(res) != PGRES_COMMAND_OK) {
-		/* Lost during COMMIT: its fate is unknown, and it is reported as
-		 * unavailable, never as success. */
-		rc = fail(c, res, CTX_PLAIN, "commit");
-	} else if (strcmp(PQcmdStatus(res), "COMMIT") != 0) {
-		/* COMMIT of a failed transaction answers ROLLBACK, not an error. */
-		rc = idem__error(IDEM_ESTORE, "postgresql: transaction was aborted; rolled back");
-	}
-done:
-	PQclear(res);
-	if (rc < 0) {
-		pg_txn_rollback(txn);
-		return rc;
-	}
-	give(((pg_txn *)txn)->be, c);
-	return 0;
-}
-
-static int savepoint_sql(idem_txn *txn, const char *verb, const char *name)
-{
-	char sql[96];
-
-	for (const char *p = name; *p; p++)
-		if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '_'))
-			return idem__error(IDEM_EINVAL, "bad savepoint name");
-	snprintf(sql, sizeof(sql), "%s %s", verb, name);
-	return simple(conn_of(txn), sql, verb);
-}
-
-static int pg_savepoint(idem_txn *txn, const char *name)
-{
-	return savepoint_sql(txn, "SAVEPOINT", name);
-}
-
-static int pg_release(idem_txn *txn, const char *name)
-{
-	return savepoint_sql(txn, "RELEASE SAVEPOINT", name);
-}
-
-static int pg_rollback_to(idem_txn *txn, const char *name)
-{
-	return savepoint_sql(txn, "ROLLBACK TO SAVEPOINT", name);
-}
 
 /* ---- records --------------------------------------------------------- */
+
 
 /*
  * ON CONFLICT on exactly the idempotency key: a conflict there (after
@@ -996,22 +856,6 @@ static int pg_rec_insert(idem_txn *txn, const idem__key *k, idem__record *rec)
 }
 
 /* One batch through the expires_at index; a live lease is never purged. */
-static int pg_purge_batch(idem__backend *be, int64_t now, int batch, int64_t *deleted)
-{
-	const char *sql = idem__purge_sql;
-	idem_value p[3] = {IDEM_V_INT(now), IDEM_V_INT(now), IDEM_V_INT(batch)};
-	idem_txn *txn = NULL;
-	int rc;
-
-	*deleted = 0;
-	if ((rc = pg_txn_begin(be, &txn)) < 0)
-		return rc;
-	if ((rc = run(conn_of(txn), sql, p, 3, NULL, NULL, deleted, CTX_PLAIN)) < 0) {
-		pg_txn_rollback(txn);
-		return rc;
-	}
-	return pg_txn_commit(txn);
-}
 
 /* ---- generic SQL ----------------------------------------------------- */
 
@@ -1030,7 +874,7 @@ static int business(idem_txn *txn, const char *sql, const idem_value *params, in
 	if ((rc = simple(c, "SAVEPOINT idem_stmt", "savepoint")) < 0)
 		return rc;
 	rc = run(c, sql, params, n, fn, ctx, changes, CTX_BUSINESS);
-	if (c->broken)
+	if (c->base.broken)
 		return rc;
 	if (rc < 0) {
 		/* Keep the statement's error as the one reported. */
@@ -1038,7 +882,7 @@ static int business(idem_txn *txn, const char *sql, const idem_value *params, in
 					      " RELEASE SAVEPOINT idem_stmt");
 
 		if (PQresultStatus(res) != PGRES_COMMAND_OK)
-			c->broken = 1;
+			c->base.broken = 1;
 		PQclear(res);
 		return rc;
 	}
@@ -1049,55 +893,36 @@ static int business(idem_txn *txn, const char *sql, const idem_value *params, in
 	}
 }
 
-/* A failure leaves the transaction aborted until the unit's savepoint is
- * rolled back: the unit must return the error (idem_txn_exec's contract). */
-static int pg_txn_exec(idem_txn *txn, const char *sql, const idem_value *params, int n,
-		       int64_t *changes)
-{
-	return run(conn_of(txn), sql, params, n, NULL, NULL, changes, CTX_BUSINESS);
-}
-
 static int pg_txn_try_exec(idem_txn *txn, const char *sql, const idem_value *params, int n,
 			   int64_t *changes)
 {
 	return business(txn, sql, params, n, NULL, NULL, changes);
 }
 
-static int pg_txn_query(idem_txn *txn, const char *sql, const idem_value *params, int n,
-			idem_row_fn fn, void *ctx)
-{
-	return run(conn_of(txn), sql, params, n, fn, ctx, NULL, CTX_BUSINESS);
-}
-
-static int pg_read_query(idem__backend *be, const char *sql, const idem_value *params, int n,
-			 idem_row_fn fn, void *ctx)
-{
-	return read_on(be, sql, params, n, fn, ctx);
-}
 
 const idem__backend_ops idem__postgres_ops = {
 	.version = IDEM__BACKEND_OPS_VERSION,
 	.name = "postgresql",
 	.open = pg_open,
-	.close = pg_close,
+	.close = idem__net_close,
 	.migrate = pg_migrate,
-	.schema_version = pg_schema_version,
+	.schema_version = idem__net_schema_version,
 	.schema_latest = IDEM__PG_SCHEMA_LATEST,
-	.ping = pg_ping,
-	.txn_begin = pg_txn_begin,
-	.txn_commit = pg_txn_commit,
-	.txn_rollback = pg_txn_rollback,
-	.savepoint = pg_savepoint,
-	.release = pg_release,
-	.rollback_to = pg_rollback_to,
+	.ping = idem__net_ping,
+	.txn_begin = idem__net_txn_begin,
+	.txn_commit = idem__net_txn_commit,
+	.txn_rollback = idem__net_txn_rollback,
+	.savepoint = idem__net_savepoint,
+	.release = idem__net_release,
+	.rollback_to = idem__net_rollback_to,
 	.rec_insert = pg_rec_insert,
 	.rec_takeover = idem__rec_takeover,
 	.rec_complete = idem__rec_complete,
 	.rec_extend = idem__rec_extend,
 	.rec_delete_owned = idem__rec_delete_owned,
-	.purge_batch = pg_purge_batch,
-	.txn_exec = pg_txn_exec,
+	.purge_batch = idem__net_purge_batch,
+	.txn_exec = idem__net_txn_exec,
 	.txn_try_exec = pg_txn_try_exec,
-	.txn_query = pg_txn_query,
-	.read_query = pg_read_query,
+	.txn_query = idem__net_txn_query,
+	.read_query = idem__net_read_query,
 };

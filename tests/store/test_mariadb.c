@@ -3,17 +3,16 @@
  * URL parsing (percent-decoded password: db-up.sh's has '@', ':', '/', '%'
  * and a space), keys that collations would fold or pad (A1, a1, 'A1 ') kept
  * distinct by the idempotency index itself, NOT NULL and strict-mode errors
- * that are errors and never duplicates, value types, connections killed
- * under the store (never a duplicate; the store recovers by itself), and
- * migrations racing from several processes. Needs the server db-up.sh
- * starts; skipped with a message without it.
+ * that are errors and never duplicates, value types, UPDATE seeing old
+ * values, a half-done (non-transactional DDL) migration rerun. What both
+ * server backends share (killed sessions, a server that stops answering,
+ * deadlines, schema refusal, racing migrations) is in test_netdb.c, run on
+ * each. Needs the server db-up.sh starts; skipped with a message without it.
  */
 #include <mysql.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "store/mariadb.h"
 #include "support.h"
@@ -71,32 +70,6 @@ static void direct(const fixture *f, const char *sql)
 	mysql_close(my);
 }
 
-/* KILL every session on the test's database except our own. */
-static void kill_all_sessions(const fixture *f)
-{
-	MYSQL *my = idem__mariadb_connect(f->url);
-	MYSQL_RES *res;
-	MYSQL_ROW row;
-	char sql[64];
-	unsigned long ids[64];
-	int n = 0;
-
-	assert_non_null(my);
-	assert_int_equal(mysql_query(my, "SELECT id FROM information_schema.processlist"
-					 " WHERE db = DATABASE() AND id <> CONNECTION_ID()"),
-			 0);
-	assert_non_null(res = mysql_store_result(my));
-	while ((row = mysql_fetch_row(res)) && n < 64)
-		ids[n++] = strtoul(row[0], NULL, 10);
-	mysql_free_result(res);
-	assert_true(n > 0);
-	for (int i = 0; i < n; i++) {
-		snprintf(sql, sizeof(sql), "KILL %lu", ids[i]);
-		mysql_query(my, sql); /* one may have ended by itself meanwhile */
-	}
-	mysql_close(my);
-}
-
 static int first_int(void *ctx, const idem_value *cols, int n)
 {
 	*(int64_t *)ctx = n > 0 && cols[0].type == IDEM_VAL_INT ? cols[0].i : -1;
@@ -107,7 +80,6 @@ typedef struct {
 	const char *scope, *key;
 	const char *sql; /* instead of the work_log insert */
 	int calls;
-	const fixture *kill_self; /* KILL our own session half way through */
 } unit;
 
 static int unit_fn(idem_txn *txn, void *ctx, idem_response *resp)
@@ -120,18 +92,6 @@ static int unit_fn(idem_txn *txn, void *ctx, idem_response *resp)
 	u->calls++;
 	if ((rc = idem_txn_exec(txn, u->sql ? u->sql : ins, p, u->sql ? 0 : 3, NULL)) < 0)
 		return rc;
-	if (u->kill_self) {
-		int64_t id = -1;
-		char sql[64];
-
-		assert_int_equal(idem_txn_query(txn, "SELECT CONNECTION_ID()", NULL, 0, first_int, &id),
-				 0);
-		snprintf(sql, sizeof(sql), "KILL %lld", (long long)id);
-		direct(u->kill_self, sql);
-		u->kill_self = NULL;
-		if ((rc = idem_txn_exec(txn, ins, p, 3, NULL)) < 0)
-			return rc;
-	}
 	return idem_response_set(resp, 201, "made", 4);
 }
 
@@ -377,101 +337,6 @@ static void update_sees_old_values(void **state)
 	assert_string_equal(r.text[1], "full");
 }
 
-/*
- * Every session of the store is killed while idle: the next call reconnects
- * by itself (or says unavailable), never answers a duplicate, and the one
- * after certainly works.
- */
-static void killed_idle_connections_recover(void **state)
-{
-	fixture *f = open_fixture(state, 1);
-	unit u = {0};
-	idem_result res = {0};
-	int rc;
-
-	assert_int_equal(run_unit(f, "before", &u, &res), 0);
-	assert_int_equal(res.outcome, IDEM_FIRST);
-	idem_result_clear(&res);
-	kill_all_sessions(f);
-
-	rc = run_unit(f, "before", &u, &res);
-	assert_true(rc == 0 || rc == IDEM_EUNAVAIL);
-	if (rc == 0)
-		assert_int_equal(res.outcome, IDEM_REPLAY);
-	idem_result_clear(&res);
-	rc = run_unit(f, "after", &u, &res);
-	assert_true(rc == 0 || rc == IDEM_EUNAVAIL);
-	idem_result_clear(&res);
-	assert_int_equal(run_unit(f, "after2", &u, &res), 0);
-	assert_int_equal(res.outcome, IDEM_FIRST);
-	idem_result_clear(&res);
-	assert_int_equal(idem_store_ping(f->store), 0);
-	assert_int_equal(test_work_count(f->store, f->scope, "before"), 1);
-}
-
-/* The session is killed in the middle of a unit: unavailable, nothing kept. */
-static void killed_mid_unit_is_unavailable(void **state)
-{
-	fixture *f = open_fixture(state, 1);
-	unit u = {.kill_self = f};
-	idem_result res = {0};
-	idem_record_info info;
-
-	assert_int_equal(run_unit(f, "K", &u, &res), IDEM_EUNAVAIL);
-	assert_int_equal(res.outcome, 0);
-	assert_int_equal(u.calls, 1);
-	assert_true(idem_metrics_store_errors(f->store, IDEM_ECLASS_UNAVAILABLE) >= 1);
-	assert_int_equal(idem_record_get(&info, f->store, f->scope, "payment", "K", 1),
-			 IDEM_ENOTFOUND);
-	assert_int_equal(test_work_count(f->store, f->scope, "K"), 0);
-	assert_int_equal(run_unit(f, "K", &u, &res), 0);
-	assert_int_equal(res.outcome, IDEM_FIRST);
-	idem_result_clear(&res);
-	assert_int_equal(test_work_count(f->store, f->scope, "K"), 1);
-}
-
-static int sleep_long(idem_txn *txn, void *ctx)
-{
-	(void)ctx;
-	return idem_txn_query(txn, "SELECT SLEEP(?)", &IDEM_V_INT(14), 1, NULL, NULL);
-}
-
-/*
- * A server that stops answering (here: a statement that outlives the
- * store's bound of busy_timeout + 10 s, as a SIGSTOPped server would) fails
- * the call as unavailable instead of hanging it, and the store goes on with
- * a new connection.
- */
-static void unanswered_call_is_unavailable(void **state)
-{
-	fixture *f = open_fixture(state, 1);
-	idem_store_opts opts = IDEM_STORE_OPTS_INIT;
-	idem_store *s = NULL;
-	unit u = {0};
-	idem_result res = {0};
-
-	opts.busy_timeout_ms = 100;
-	assert_int_equal(idem_store_open(&s, f->url, &opts), 0);
-	assert_int_equal(idem_store_transact(s, sleep_long, NULL), IDEM_EUNAVAIL);
-	assert_int_equal(idem_error_last()->driver_code, 2013);
-	assert_int_equal(idem_store_ping(s), 0);
-	idem_store_close(s);
-	assert_int_equal(run_unit(f, "after", &u, &res), 0);
-	assert_int_equal(res.outcome, IDEM_FIRST);
-	idem_result_clear(&res);
-}
-
-static void newer_schema_is_refused(void **state)
-{
-	fixture *f = open_fixture(state, 1);
-	idem_store *s = (idem_store *)1;
-
-	direct(f, "INSERT INTO idem_schema_version (version, applied_at) VALUES (999, 0)");
-	assert_int_equal(idem_store_open(&s, f->url, NULL), IDEM_ESCHEMA);
-	assert_null(s);
-	assert_non_null(strstr(idem_error_last()->message, "999"));
-}
-
 /* A migration that died after its DDL but before recording it reruns. */
 static void half_done_migration_reruns(void **state)
 {
@@ -486,41 +351,6 @@ static void half_done_migration_reruns(void **state)
 	assert_int_equal(v, idem_store_schema_latest(f->store));
 }
 
-/* Several processes open (and so migrate) one new database at once. */
-static void migrations_race_across_processes(void **state)
-{
-	fixture *f = open_fixture(state, 0);
-	pid_t pids[4];
-	int64_t rows = -1;
-	int v = -1;
-
-	for (int i = 0; i < 4; i++) {
-		pids[i] = fork();
-		assert_true(pids[i] >= 0);
-		if (pids[i] == 0) {
-			idem_store *s = NULL;
-			int rc = idem_store_open(&s, f->url, NULL);
-
-			idem_store_close(s);
-			_exit(rc == 0 ? 0 : 1);
-		}
-	}
-	for (int i = 0; i < 4; i++) {
-		int status = 0;
-
-		assert_int_equal(waitpid(pids[i], &status, 0), pids[i]);
-		assert_true(WIFEXITED(status));
-		assert_int_equal(WEXITSTATUS(status), 0);
-	}
-	f->store = test_store_open(f->url, NULL);
-	assert_int_equal(idem_store_schema_version(f->store, &v), 0);
-	assert_int_equal(v, idem_store_schema_latest(f->store));
-	assert_int_equal(idem_store_query(f->store, "SELECT count(*) FROM idem_schema_version",
-					  NULL, 0, first_int, &rows),
-			 0);
-	assert_int_equal(rows, idem_store_schema_latest(f->store));
-}
-
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
 
 int main(void)
@@ -531,12 +361,7 @@ int main(void)
 		T(constraint_errors_are_not_duplicates),
 		T(value_types),
 		T(update_sees_old_values),
-		T(killed_idle_connections_recover),
-		T(killed_mid_unit_is_unavailable),
-		T(unanswered_call_is_unavailable),
-		T(newer_schema_is_refused),
 		T(half_done_migration_reruns),
-		T(migrations_race_across_processes),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

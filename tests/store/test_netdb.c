@@ -2,13 +2,30 @@
  * tests/store/test_netdb.c: the behaviour both server backends (PostgreSQL,
  * MariaDB) must share, written once and run on each: ctest runs it as
  * test_netdb_postgres and test_netdb_mariadb (argv[1] names the backend).
+ * The shared core (store/netdb.c): connections killed under the store
+ * (never a duplicate; it recovers by itself), a server that stops
+ * answering, deadlines (a request's, a silent server's connect, the ping's
+ * own connection), a newer schema refused, migrations racing from several
+ * processes, error classes. Only the few lines that reach the server itself
+ * (killing a session, a statement beside the store) differ per backend.
  * What only one dialect has stays in test_postgres.c / test_mariadb.c.
  * Needs the server db-up.sh starts; skipped with a message without it.
  */
+#include <arpa/inet.h>
+#include <libpq-fe.h>
+#include <mysql.h>
+#include <netinet/in.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
+#include "store/backend.h"
+#include "store/mariadb.h"
 #include "support.h"
 
 static const char *backend; /* "postgres" or "mariadb" */
@@ -58,17 +75,136 @@ static int first_int(void *ctx, const idem_value *cols, int n)
 	return 1;
 }
 
+static int is_pg(void)
+{
+	return strcmp(backend, "postgres") == 0;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* ---- the server itself, beside the store under test ---------------------- */
+
+/* A statement on the test's database (PostgreSQL: on the server's admin URL
+ * when admin is set), outside the store under test. */
+static void direct(const fixture *f, const char *sql, int admin)
+{
+	if (is_pg()) {
+		PGconn *pg = PQconnectdb(admin ? test_server_admin_url("postgres") : f->url);
+		PGresult *res;
+
+		if (PQstatus(pg) != CONNECTION_OK)
+			fail_msg("connect: %s", PQerrorMessage(pg));
+		res = PQexec(pg, sql);
+		if (PQresultStatus(res) != PGRES_TUPLES_OK &&
+		    PQresultStatus(res) != PGRES_COMMAND_OK)
+			fail_msg("%s: %s", sql, PQresultErrorMessage(res));
+		PQclear(res);
+		PQfinish(pg);
+	} else {
+		MYSQL *my = idem__mariadb_connect(f->url);
+
+		if (!my)
+			fail_msg("connect: %s", idem_error_last()->message);
+		if (mysql_query(my, sql) != 0)
+			fail_msg("%s: %s", sql, mysql_error(my));
+		mysql_close(my);
+	}
+}
+
+/* Kill session id (pg_backend_pid() / CONNECTION_ID()) from outside. */
+static void kill_session(const fixture *f, int64_t id)
+{
+	char sql[128];
+
+	if (is_pg())
+		snprintf(sql, sizeof(sql), "SELECT pg_terminate_backend(%lld)", (long long)id);
+	else
+		snprintf(sql, sizeof(sql), "KILL %lld", (long long)id);
+	direct(f, sql, 1);
+}
+
+/* Kill every session on the test's database (but the killer's). */
+static void kill_all_sessions(const fixture *f)
+{
+	if (is_pg()) {
+		char sql[256];
+
+		snprintf(sql, sizeof(sql),
+		         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+		         " WHERE datname = '%s' AND pid <> pg_backend_pid()",
+		         strrchr(f->url, '/') + 1);
+		direct(f, sql, 1);
+	} else {
+		MYSQL *my = idem__mariadb_connect(f->url);
+		MYSQL_RES *res;
+		MYSQL_ROW row;
+		char sql[64];
+		unsigned long ids[64];
+		int n = 0;
+
+		assert_non_null(my);
+		assert_int_equal(mysql_query(my,
+		                             "SELECT id FROM information_schema.processlist"
+		                             " WHERE db = DATABASE() AND id <> CONNECTION_ID()"),
+		                 0);
+		assert_non_null(res = mysql_store_result(my));
+		while ((row = mysql_fetch_row(res)) && n < 64)
+			ids[n++] = strtoul(row[0], NULL, 10);
+		mysql_free_result(res);
+		assert_true(n > 0);
+		for (int i = 0; i < n; i++) {
+			snprintf(sql, sizeof(sql), "KILL %lu", ids[i]);
+			mysql_query(my, sql); /* one may have ended by itself meanwhile */
+		}
+		mysql_close(my);
+	}
+}
+
+static const char *session_sql(void)
+{
+	return is_pg() ? "SELECT pg_backend_pid()" : "SELECT CONNECTION_ID()";
+}
+
+static const char *sleep_sql(void)
+{
+	return is_pg() ? "SELECT pg_sleep(?)" : "SELECT SLEEP(?)";
+}
+
+/* ---- units ------------------------------------------------------------------ */
+
 typedef struct {
-	const char *sql;
+	const char *sql; /* instead of the work_log insert */
+	const char *scope, *key;
+	int calls;
+	const fixture *kill_self; /* kill our own session half way through */
 } unit;
 
 static int unit_fn(idem_txn *txn, void *ctx, idem_response *resp)
 {
 	unit *u = ctx;
+	idem_value p[3] = {IDEM_V_TEXT(u->scope), IDEM_V_TEXT(u->key), IDEM_V_INT(1)};
+	const char *ins = "INSERT INTO work_log (scope, k, worker) VALUES (?, ?, ?)";
 	int rc;
 
-	if ((rc = idem_txn_exec(txn, u->sql, NULL, 0, NULL)) < 0)
+	u->calls++;
+	if ((rc = idem_txn_exec(txn, u->sql ? u->sql : ins, p, u->sql ? 0 : 3, NULL)) < 0)
 		return rc;
+	if (u->kill_self) {
+		int64_t id = -1;
+
+		assert_int_equal(idem_txn_query(txn, session_sql(), NULL, 0, first_int, &id), 0);
+		kill_session(u->kill_self, id);
+		u->kill_self = NULL;
+		/* The next statement finds the session gone. */
+		if ((rc = idem_txn_exec(txn, ins, p, 3, NULL)) < 0)
+			return rc;
+	}
 	return idem_response_set(resp, 201, "made", 4);
 }
 
@@ -83,6 +219,8 @@ static int run_unit(fixture *f, const char *key, unit *u, idem_result *res)
 	r.key = key;
 	r.key_len = strlen(key);
 	r.fingerprint = fp;
+	u->scope = f->scope;
+	u->key = key;
 	return idem_execute(res, f->store, &r, unit_fn, u);
 }
 
@@ -95,7 +233,7 @@ static int run_unit(fixture *f, const char *key, unit *u, idem_result *res)
 static void numeric_range_is_invalid(void **state)
 {
 	fixture *f = open_fixture(state);
-	unit u = {"INSERT INTO work_log (scope, k, worker) VALUES ('s', 'x', 3000000000)"};
+	unit u = {.sql = "INSERT INTO work_log (scope, k, worker) VALUES ('s', 'x', 3000000000)"};
 	idem_result res = {0};
 	idem_record_info info;
 	int64_t n = 0;
@@ -120,8 +258,8 @@ static void numeric_range_is_invalid(void **state)
 		assert_int_equal(idem_error_last()->driver_code, 1690);
 	assert_int_equal(idem_store_ping(f->store), 0);
 	assert_int_equal(run_unit(f, "K2",
-	                          &(unit){"INSERT INTO work_log (scope, k, worker)"
-	                                  " VALUES ('s', 'x', 1)"},
+	                          &(unit){.sql = "INSERT INTO work_log (scope, k, worker)"
+	                                         " VALUES ('s', 'x', 1)"},
 	                          &res),
 	                 0);
 	assert_int_equal(res.outcome, IDEM_FIRST);
@@ -137,8 +275,7 @@ static void numeric_range_is_invalid(void **state)
 static void connection_left_in_transaction_is_dropped(void **state)
 {
 	fixture *f = open_fixture(state);
-	const char *session =
-	    strcmp(backend, "postgres") == 0 ? "SELECT pg_backend_pid()" : "SELECT CONNECTION_ID()";
+	const char *session = session_sql();
 	int64_t before = -1, after = -1, again = -1;
 
 	/* One thread's reads reuse one pooled connection (the last given back). */
@@ -160,6 +297,251 @@ static void connection_left_in_transaction_is_dropped(void **state)
 	}
 }
 
+/*
+ * Every session of the store is killed while idle: the next call reconnects
+ * by itself (or says unavailable), never answers a duplicate, and the one
+ * after certainly works.
+ */
+static void killed_idle_connections_recover(void **state)
+{
+	fixture *f = open_fixture(state);
+	unit u = {0};
+	idem_result res = {0};
+	int rc;
+
+	assert_int_equal(run_unit(f, "before", &u, &res), 0);
+	assert_int_equal(res.outcome, IDEM_FIRST);
+	idem_result_clear(&res);
+	kill_all_sessions(f);
+
+	rc = run_unit(f, "before", &u, &res);
+	assert_true(rc == 0 || rc == IDEM_EUNAVAIL);
+	if (rc == 0)
+		assert_int_equal(res.outcome, IDEM_REPLAY);
+	idem_result_clear(&res);
+	rc = run_unit(f, "after", &u, &res);
+	assert_true(rc == 0 || rc == IDEM_EUNAVAIL);
+	idem_result_clear(&res);
+	assert_int_equal(run_unit(f, "after2", &u, &res), 0);
+	assert_int_equal(res.outcome, IDEM_FIRST);
+	idem_result_clear(&res);
+	assert_int_equal(idem_store_ping(f->store), 0);
+	assert_int_equal(test_work_count(f->store, f->scope, "before"), 1);
+}
+
+/*
+ * The session dies in the middle of a unit: the unit fails as unavailable
+ * (never a duplicate, never retried as if it were a lock conflict), nothing
+ * of it is committed, and the key is free for the retry.
+ */
+static void killed_mid_unit_is_unavailable(void **state)
+{
+	fixture *f = open_fixture(state);
+	unit u = {.kill_self = f};
+	idem_result res = {0};
+	idem_record_info info;
+
+	assert_int_equal(run_unit(f, "K", &u, &res), IDEM_EUNAVAIL);
+	assert_int_equal(res.outcome, 0);
+	assert_int_equal(u.calls, 1);
+	assert_int_equal(idem_error_last()->code, IDEM_EUNAVAIL);
+	assert_true(idem_metrics_store_errors(f->store, IDEM_ECLASS_UNAVAILABLE) >= 1);
+	assert_int_equal(idem_record_get(&info, f->store, f->scope, "payment", "K", 1),
+	                 IDEM_ENOTFOUND);
+	assert_int_equal(test_work_count(f->store, f->scope, "K"), 0);
+	assert_int_equal(run_unit(f, "K", &u, &res), 0);
+	assert_int_equal(res.outcome, IDEM_FIRST);
+	idem_result_clear(&res);
+	assert_int_equal(test_work_count(f->store, f->scope, "K"), 1);
+}
+
+static int sleep_for(idem_txn *txn, void *ctx)
+{
+	return idem_txn_query(txn, sleep_sql(), &IDEM_V_INT(*(int *)ctx), 1, NULL, NULL);
+}
+
+/*
+ * A server that stops answering (here: a statement that outlives the
+ * store's bound of busy_timeout_ms + 10 s, as a SIGSTOPped server would)
+ * fails the call as unavailable instead of hanging it, and the store goes
+ * on with a new connection.
+ */
+static void unanswered_call_is_unavailable(void **state)
+{
+	fixture *f = open_fixture(state);
+	idem_store_opts opts = IDEM_STORE_OPTS_INIT;
+	idem_store *s = NULL;
+	unit u = {0};
+	idem_result res = {0};
+	int secs = is_pg() ? 13 : 14;
+
+	opts.busy_timeout_ms = 100;
+	assert_int_equal(idem_store_open(&s, f->url, &opts), 0);
+	assert_int_equal(idem_store_transact(s, sleep_for, &secs), IDEM_EUNAVAIL);
+	if (is_pg())
+		assert_non_null(strstr(idem_error_last()->message, "did not answer"));
+	else
+		assert_int_equal(idem_error_last()->driver_code, 2013);
+	assert_int_equal(idem_store_ping(s), 0);
+	idem_store_close(s);
+	assert_int_equal(run_unit(f, "after", &u, &res), 0);
+	assert_int_equal(res.outcome, IDEM_FIRST);
+	idem_result_clear(&res);
+}
+
+/*
+ * opts.request_timeout_ms bounds a write transaction and a read however
+ * long the lock wait bound is: a statement still running at the deadline
+ * fails unavailable within it (its connection dropped), nothing of it is
+ * committed, and the store goes on.
+ */
+static void request_deadline_bounds_a_statement(void **state)
+{
+	fixture *f = open_fixture(state);
+	idem_store_opts opts = IDEM_STORE_OPTS_INIT;
+	idem_store *s = NULL;
+	int secs = 5;
+	double t0;
+
+	opts.request_timeout_ms = 400;
+	assert_int_equal(idem_store_open(&s, f->url, &opts), 0);
+	t0 = now_s();
+	assert_int_equal(idem_store_transact(s, sleep_for, &secs), IDEM_EUNAVAIL);
+	assert_true(now_s() - t0 < 3.0); /* 5 s without the deadline */
+	t0 = now_s();
+	assert_int_equal(idem_store_query(s, sleep_sql(), &IDEM_V_INT(5), 1, NULL, NULL),
+	                 IDEM_EUNAVAIL);
+	assert_true(now_s() - t0 < 3.0); /* 5 s without the deadline */
+	assert_int_equal(idem_store_ping(s), 0);
+	assert_int_equal(idem_store_query(s, "SELECT 1", NULL, 0, NULL, NULL), 0);
+	idem_store_close(s);
+}
+
+typedef struct {
+	idem_store *s;
+	int secs;
+	int rc;
+} hog;
+
+static void *hog_reader(void *arg)
+{
+	hog *h = arg;
+
+	h->rc = idem_store_query(h->s, sleep_sql(), &IDEM_V_INT(h->secs), 1, NULL, NULL);
+	return NULL;
+}
+
+/*
+ * The ping has a connection of its own: with the only read connection busy
+ * (as every connection is on a frozen server), it still answers at once.
+ */
+static void ping_does_not_queue_behind_readers(void **state)
+{
+	fixture *f = open_fixture(state);
+	idem_store_opts opts = IDEM_STORE_OPTS_INIT;
+	hog h = {NULL, 4, -1};
+	pthread_t t;
+	double t0;
+	int64_t one = 0;
+
+	opts.read_connections = 1;
+	assert_int_equal(idem_store_open(&h.s, f->url, &opts), 0);
+	assert_int_equal(idem_store_ping(h.s), 0); /* its connection opened */
+	assert_int_equal(pthread_create(&t, NULL, hog_reader, &h), 0);
+	nanosleep(&(struct timespec){0, 300 * 1000 * 1000}, NULL);
+	t0 = now_s();
+	assert_int_equal(idem_store_ping(h.s), 0);
+	assert_true(now_s() - t0 < 1.5); /* the reader is busy for 4 s */
+	assert_int_equal(pthread_join(t, NULL), 0);
+	assert_int_equal(h.rc, 0);
+	assert_int_equal(idem_store_query(h.s, "SELECT 1", NULL, 0, first_int, &one), 0);
+	assert_int_equal(one, 1);
+	idem_store_close(h.s);
+}
+
+/*
+ * A server that accepts the TCP connection and never says a word (frozen,
+ * or not a database at all): connecting fails unavailable by the calling
+ * thread's deadline, not after the 10 s connect bound.
+ */
+static void silent_server_fails_by_the_deadline(void **state)
+{
+	struct sockaddr_in sa = {0};
+	socklen_t len = sizeof(sa);
+	idem_store *s = (idem_store *)1;
+	char url[128];
+	double t0;
+	int fd = socket(AF_INET, SOCK_STREAM, 0), rc;
+
+	(void)state;
+	assert_true(fd >= 0);
+	sa.sin_family = AF_INET;
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	assert_int_equal(listen(fd, 8), 0);
+	assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+	snprintf(url, sizeof(url), "%s://idem@127.0.0.1:%d/none", is_pg() ? "postgresql" : "mysql",
+	         ntohs(sa.sin_port));
+	t0 = now_s();
+	idem__backend_deadline_set((int64_t)(t0 * 1e6) + 300 * 1000);
+	rc = idem_store_open(&s, url, NULL);
+	idem__backend_deadline_set(0);
+	assert_int_equal(rc, IDEM_EUNAVAIL);
+	assert_null(s);
+	assert_true(now_s() - t0 < 3.0); /* 10 s (the connect bound) without it */
+	assert_non_null(strstr(idem_error_last()->message, "deadline"));
+	close(fd);
+}
+
+static void newer_schema_is_refused(void **state)
+{
+	fixture *f = open_fixture(state);
+	idem_store *s = (idem_store *)1;
+
+	direct(f, "INSERT INTO idem_schema_version (version, applied_at) VALUES (999, 0)", 0);
+	assert_int_equal(idem_store_open(&s, f->url, NULL), IDEM_ESCHEMA);
+	assert_null(s);
+	assert_non_null(strstr(idem_error_last()->message, "999"));
+}
+
+/* Several processes open (and so migrate) one new database at once. */
+static void migrations_race_across_processes(void **state)
+{
+	fixture *f = *state;
+	pid_t pids[4];
+	int64_t rows = -1;
+	int v = -1;
+
+	(void)test_server_admin_url(backend);
+	setenv("IDEM_TEST_URL", backend, 1);
+	f->url = test_db_url();
+	for (int i = 0; i < 4; i++) {
+		pids[i] = fork();
+		assert_true(pids[i] >= 0);
+		if (pids[i] == 0) {
+			idem_store *s = NULL;
+			int rc = idem_store_open(&s, f->url, NULL);
+
+			idem_store_close(s);
+			_exit(rc == 0 ? 0 : 1);
+		}
+	}
+	for (int i = 0; i < 4; i++) {
+		int status = 0;
+
+		assert_int_equal(waitpid(pids[i], &status, 0), pids[i]);
+		assert_true(WIFEXITED(status));
+		assert_int_equal(WEXITSTATUS(status), 0);
+	}
+	f->store = test_store_open(f->url, NULL);
+	assert_int_equal(idem_store_schema_version(f->store, &v), 0);
+	assert_int_equal(v, idem_store_schema_latest(f->store));
+	assert_int_equal(idem_store_query(f->store, "SELECT count(*) FROM idem_schema_version",
+	                                  NULL, 0, first_int, &rows),
+	                 0);
+	assert_int_equal(rows, idem_store_schema_latest(f->store));
+}
+
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
 
 int main(int argc, char **argv)
@@ -167,6 +549,14 @@ int main(int argc, char **argv)
 	const struct CMUnitTest tests[] = {
 	    T(numeric_range_is_invalid),
 	    T(connection_left_in_transaction_is_dropped),
+	    T(killed_idle_connections_recover),
+	    T(killed_mid_unit_is_unavailable),
+	    T(unanswered_call_is_unavailable),
+	    T(request_deadline_bounds_a_statement),
+	    T(ping_does_not_queue_behind_readers),
+	    T(silent_server_fails_by_the_deadline),
+	    T(newer_schema_is_refused),
+	    T(migrations_race_across_processes),
 	};
 
 	backend = argc > 1 ? argv[1] : "postgres";

@@ -1,17 +1,15 @@
 /*
  * tests/store/test_postgres.c: what is particular to the PostgreSQL
- * backend: both URL schemes, the `?` rewriting, value types, SQLSTATEs kept
+ * dialect: both URL schemes, the `?` rewriting, value types, SQLSTATEs kept
  * beside the idem code, a failed business statement leaving the transaction
- * usable, connections killed under the store (never a duplicate, and the
- * store recovers by itself), and migrations racing from several processes.
+ * usable (a savepoint per statement). What both server backends share
+ * (killed sessions, a server that stops answering, deadlines, schema
+ * refusal, racing migrations) is in test_netdb.c, run on each.
  * Needs the server db-up.sh starts; skipped with a message without it.
  */
-#include <libpq-fe.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "support.h"
 
@@ -57,88 +55,10 @@ static int teardown(void **state)
 	return 0;
 }
 
-/* An admin statement on the server, outside the store under test. */
-static void admin(const char *sql)
-{
-	PGconn *pg = PQconnectdb(test_server_admin_url("postgres"));
-	PGresult *res;
-
-	if (PQstatus(pg) != CONNECTION_OK)
-		fail_msg("admin connect: %s", PQerrorMessage(pg));
-	res = PQexec(pg, sql);
-	if (PQresultStatus(res) != PGRES_TUPLES_OK && PQresultStatus(res) != PGRES_COMMAND_OK)
-		fail_msg("%s: %s", sql, PQresultErrorMessage(res));
-	PQclear(res);
-	PQfinish(pg);
-}
-
-/* Terminate every session of the test's database: the store's pool dies. */
-static void kill_all_sessions(const fixture *f)
-{
-	char sql[256];
-	const char *db = strrchr(f->url, '/') + 1;
-
-	snprintf(sql, sizeof(sql),
-		 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-		 " WHERE datname = '%s' AND pid <> pg_backend_pid()",
-		 db);
-	admin(sql);
-}
-
-typedef struct {
-	const char *scope, *key;
-	int calls;
-	int kill_self; /* terminate our own session half way through the unit */
-} unit;
-
 static int first_int(void *ctx, const idem_value *cols, int n)
 {
 	*(int64_t *)ctx = n > 0 && cols[0].type == IDEM_VAL_INT ? cols[0].i : -1;
 	return 1;
-}
-
-static int unit_fn(idem_txn *txn, void *ctx, idem_response *resp)
-{
-	unit *u = ctx;
-	idem_value p[3] = {IDEM_V_TEXT(u->scope), IDEM_V_TEXT(u->key), IDEM_V_INT(1)};
-	int rc;
-
-	u->calls++;
-	if ((rc = idem_txn_exec(txn, "INSERT INTO work_log (scope, k, worker) VALUES (?, ?, ?)", p,
-				3, NULL)) < 0)
-		return rc;
-	if (u->kill_self) {
-		int64_t pid = -1;
-		char sql[128];
-
-		assert_int_equal(idem_txn_query(txn, "SELECT pg_backend_pid()", NULL, 0, first_int,
-						&pid),
-				 0);
-		snprintf(sql, sizeof(sql), "SELECT pg_terminate_backend(%lld)", (long long)pid);
-		admin(sql);
-		u->kill_self = 0;
-		/* The next statement finds the session gone. */
-		if ((rc = idem_txn_exec(txn, "INSERT INTO work_log (scope, k, worker) VALUES (?, ?, ?)",
-					p, 3, NULL)) < 0)
-			return rc;
-	}
-	return idem_response_set(resp, 201, "made", 4);
-}
-
-static int run_unit(fixture *f, const char *key, unit *u, idem_result *res)
-{
-	idem_request r = IDEM_REQUEST_INIT;
-	char fp[65];
-
-	test_fp(fp, "{}");
-	r.scope = f->scope;
-	r.business_type = "payment";
-	r.key = key;
-	r.key_len = strlen(key);
-	r.fingerprint = fp;
-	u->scope = f->scope;
-	u->key = key;
-	return idem_execute(res, f->store, &r, unit_fn, u);
 }
 
 static void backend_and_schemes(void **state)
@@ -302,150 +222,6 @@ static void failed_statement_keeps_transaction(void **state)
 	assert_int_equal(n, 2);
 }
 
-/*
- * Every session of the store is terminated while idle: the next call
- * reconnects by itself (or says unavailable), never answers a duplicate,
- * and the one after certainly works.
- */
-static void killed_idle_connections_recover(void **state)
-{
-	fixture *f = open_fixture(state);
-	unit u = {0};
-	idem_result res = {0};
-	int rc;
-
-	assert_int_equal(run_unit(f, "before", &u, &res), 0);
-	assert_int_equal(res.outcome, IDEM_FIRST);
-	idem_result_clear(&res);
-	kill_all_sessions(f);
-
-	rc = run_unit(f, "before", &u, &res);
-	assert_true(rc == 0 || rc == IDEM_EUNAVAIL);
-	if (rc == 0)
-		assert_int_equal(res.outcome, IDEM_REPLAY);
-	idem_result_clear(&res);
-	rc = run_unit(f, "after", &u, &res);
-	assert_true(rc == 0 || rc == IDEM_EUNAVAIL);
-	idem_result_clear(&res);
-	assert_int_equal(run_unit(f, "after2", &u, &res), 0);
-	assert_int_equal(res.outcome, IDEM_FIRST);
-	idem_result_clear(&res);
-	assert_int_equal(idem_store_ping(f->store), 0);
-	assert_int_equal(test_work_count(f->store, f->scope, "before"), 1);
-}
-
-/*
- * The session dies in the middle of a unit: the unit fails as unavailable
- * (never a duplicate, never retried as if it were a lock conflict), nothing
- * of it is committed, and the key is free for the retry.
- */
-static void killed_mid_unit_is_unavailable(void **state)
-{
-	fixture *f = open_fixture(state);
-	unit u = {.kill_self = 1};
-	idem_result res = {0};
-	idem_record_info info;
-
-	assert_int_equal(run_unit(f, "K", &u, &res), IDEM_EUNAVAIL);
-	assert_int_equal(res.outcome, 0);
-	assert_int_equal(u.calls, 1);
-	assert_int_equal(idem_error_last()->code, IDEM_EUNAVAIL);
-	assert_true(idem_metrics_store_errors(f->store, IDEM_ECLASS_UNAVAILABLE) >= 1);
-	assert_int_equal(idem_record_get(&info, f->store, f->scope, "payment", "K", 1),
-			 IDEM_ENOTFOUND);
-	assert_int_equal(test_work_count(f->store, f->scope, "K"), 0);
-	assert_int_equal(run_unit(f, "K", &u, &res), 0);
-	assert_int_equal(res.outcome, IDEM_FIRST);
-	idem_result_clear(&res);
-	assert_int_equal(test_work_count(f->store, f->scope, "K"), 1);
-}
-
-static int sleep_long(idem_txn *txn, void *ctx)
-{
-	(void)ctx;
-	return idem_txn_query(txn, "SELECT pg_sleep(?)", &IDEM_V_INT(13), 1, NULL, NULL);
-}
-
-/*
- * A server that stops answering (here: a statement that outlives the
- * store's bound of busy_timeout_ms + 10 s, as a SIGSTOPped server would)
- * fails the call as unavailable instead of hanging it, and the store goes
- * on with a new connection.
- */
-static void unanswered_call_is_unavailable(void **state)
-{
-	fixture *f = open_fixture(state);
-	idem_store_opts opts = IDEM_STORE_OPTS_INIT;
-	idem_store *s = NULL;
-	unit u = {0};
-	idem_result res = {0};
-
-	opts.busy_timeout_ms = 100;
-	assert_int_equal(idem_store_open(&s, f->url, &opts), 0);
-	assert_int_equal(idem_store_transact(s, sleep_long, NULL), IDEM_EUNAVAIL);
-	assert_non_null(strstr(idem_error_last()->message, "did not answer"));
-	assert_int_equal(idem_store_ping(s), 0);
-	idem_store_close(s);
-	assert_int_equal(run_unit(f, "after", &u, &res), 0);
-	assert_int_equal(res.outcome, IDEM_FIRST);
-	idem_result_clear(&res);
-}
-
-static void newer_schema_is_refused(void **state)
-{
-	fixture *f = open_fixture(state);
-	idem_store *s = (idem_store *)1;
-	PGconn *pg = PQconnectdb(f->url);
-	PGresult *res;
-
-	assert_int_equal(PQstatus(pg), CONNECTION_OK);
-	res = PQexec(pg, "INSERT INTO idem_schema_version (version, applied_at) VALUES (999, 0)");
-	assert_int_equal(PQresultStatus(res), PGRES_COMMAND_OK);
-	PQclear(res);
-	PQfinish(pg);
-	assert_int_equal(idem_store_open(&s, f->url, NULL), IDEM_ESCHEMA);
-	assert_null(s);
-	assert_non_null(strstr(idem_error_last()->message, "999"));
-}
-
-/* Several processes open (and so migrate) one new database at once. */
-static void migrations_race_across_processes(void **state)
-{
-	fixture *f = *state;
-	pid_t pids[4];
-	int64_t rows = -1;
-	int v = -1;
-
-	(void)test_server_admin_url("postgres");
-	setenv("IDEM_TEST_URL", "postgres", 1);
-	f->url = test_db_url();
-	for (int i = 0; i < 4; i++) {
-		pids[i] = fork();
-		assert_true(pids[i] >= 0);
-		if (pids[i] == 0) {
-			idem_store *s = NULL;
-			int rc = idem_store_open(&s, f->url, NULL);
-
-			idem_store_close(s);
-			_exit(rc == 0 ? 0 : 1);
-		}
-	}
-	for (int i = 0; i < 4; i++) {
-		int status = 0;
-
-		assert_int_equal(waitpid(pids[i], &status, 0), pids[i]);
-		assert_true(WIFEXITED(status));
-		assert_int_equal(WEXITSTATUS(status), 0);
-	}
-	f->store = test_store_open(f->url, NULL);
-	assert_int_equal(idem_store_schema_version(f->store, &v), 0);
-	assert_int_equal(v, idem_store_schema_latest(f->store));
-	assert_int_equal(idem_store_query(f->store, "SELECT count(*) FROM idem_schema_version",
-					  NULL, 0, first_int, &rows),
-			 0);
-	assert_int_equal(rows, idem_store_schema_latest(f->store));
-}
-
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
 
 int main(void)
@@ -454,11 +230,6 @@ int main(void)
 		T(backend_and_schemes),
 		T(placeholders_and_types),
 		T(failed_statement_keeps_transaction),
-		T(killed_idle_connections_recover),
-		T(killed_mid_unit_is_unavailable),
-		T(unanswered_call_is_unavailable),
-		T(newer_schema_is_refused),
-		T(migrations_race_across_processes),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
