@@ -7,6 +7,7 @@
  */
 #include <jansson.h>
 #include <openssl/evp.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,27 @@ static int hash_part(EVP_MD_CTX *md, const void *p, size_t len)
 	return EVP_DigestUpdate(md, n, sizeof(n)) == 1 && EVP_DigestUpdate(md, p, len) == 1;
 }
 
+/*
+ * SHA-256, fetched from the provider once: EVP_sha256() with a NULL engine
+ * looks the implementation up again on every EVP_DigestInit_ex (EVP_MD_fetch
+ * was a tenth of the hashing cost in callgrind, docs/benchmarks.md). NULL
+ * when the fetch failed; then the implicit lookup is used.
+ */
+static EVP_MD *sha256_md;
+
+static void fetch_sha256(void)
+{
+	sha256_md = EVP_MD_fetch(NULL, "SHA256", NULL);
+}
+
+static const EVP_MD *sha256(void)
+{
+	static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+	pthread_once(&once, fetch_sha256);
+	return sha256_md ? sha256_md : EVP_sha256();
+}
+
 int idem_fingerprint_canonical(char out[65], const char *method, const char *path,
 			       const char *canon, size_t len)
 {
@@ -35,7 +57,7 @@ int idem_fingerprint_canonical(char out[65], const char *method, const char *pat
 	out[0] = '\0';
 	if (!method || !path || (len && !canon))
 		return idem__error(IDEM_EINVAL, "fingerprint: method and path are required");
-	if (!(md = EVP_MD_CTX_new()) || EVP_DigestInit_ex(md, EVP_sha256(), NULL) != 1 ||
+	if (!(md = EVP_MD_CTX_new()) || EVP_DigestInit_ex(md, sha256(), NULL) != 1 ||
 	    !hash_part(md, method, strlen(method)) || !hash_part(md, path, strlen(path)) ||
 	    !hash_part(md, len ? canon : "", len) || EVP_DigestFinal_ex(md, digest, &dlen) != 1 ||
 	    dlen != sizeof(digest))
