@@ -113,9 +113,16 @@ void http_write_done(void *ctx, int rc, idem_result *res)
 typedef struct conn_track {
 	struct conn_track *prev, *next;
 	int fd;
-	struct timespec since; /* the current request's clock started */
-	int reading;           /* its head or body is still arriving */
-	int cut;
+	/*
+	 * (since << 1) | reading: when the current request's clock started (ms,
+	 * CLOCK_MONOTONIC) and whether its head or body is still arriving. One
+	 * word, so that a request thread sets it without the list lock (three
+	 * times per request, on every server thread) and the watchdog cuts only
+	 * with a compare-and-swap from the very word it judged: a request whose
+	 * body came in meanwhile has another word and is never cut.
+	 */
+	_Atomic uint64_t state;
+	int cut; /* the watchdog's, under conns_lock */
 } conn_track;
 
 struct http_server {
@@ -123,7 +130,7 @@ struct http_server {
 	server_state *state;
 	_Atomic int active;
 
-	pthread_mutex_t conns_lock; /* conns, and every conn_track's fields */
+	pthread_mutex_t conns_lock; /* conns, and every conn_track's cut */
 	pthread_cond_t wake;
 	conn_track *conns;
 	pthread_t watchdog;
@@ -131,12 +138,12 @@ struct http_server {
 	_Atomic unsigned long cut_total;
 };
 
-static double since_s(const struct timespec *t)
+static uint64_t now_ms(void)
 {
 	struct timespec now;
 
 	clock_gettime(CLOCK_MONOTONIC, &now);
-	return (double)(now.tv_sec - t->tv_sec) + (double)(now.tv_nsec - t->tv_nsec) / 1e9;
+	return (uint64_t)now.tv_sec * 1000u + (uint64_t)now.tv_nsec / 1000000u;
 }
 
 static conn_track *track_of(struct MHD_Connection *conn)
@@ -152,13 +159,16 @@ static void track_set(http_server *h, struct MHD_Connection *conn, int reading)
 {
 	conn_track *t = track_of(conn);
 
+	uint64_t w;
+
+	(void)h;
 	if (!t)
 		return;
-	pthread_mutex_lock(&h->conns_lock);
-	if (reading && !t->reading)
-		clock_gettime(CLOCK_MONOTONIC, &t->since);
-	t->reading = reading;
-	pthread_mutex_unlock(&h->conns_lock);
+	w = atomic_load(&t->state);
+	if (reading && !(w & 1)) /* the clock starts now */
+		atomic_store(&t->state, now_ms() << 1 | 1);
+	else if (!reading && (w & 1))
+		atomic_store(&t->state, w & ~(uint64_t)1);
 }
 
 static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
@@ -174,8 +184,7 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
 		if (!ci || !(t = calloc(1, sizeof(*t))))
 			return; /* untracked: only the idle timeout applies */
 		t->fd = ci->connect_fd;
-		t->reading = 1;
-		clock_gettime(CLOCK_MONOTONIC, &t->since);
+		atomic_init(&t->state, now_ms() << 1 | 1);
 		pthread_mutex_lock(&h->conns_lock);
 		t->next = h->conns;
 		if (h->conns)
@@ -204,15 +213,21 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
 static void *watchdog_main(void *arg)
 {
 	http_server *h = arg;
-	double limit = (double)h->state->cfg->request_timeout_s;
+	uint64_t limit = (uint64_t)h->state->cfg->request_timeout_s * 1000u;
 
 	pthread_mutex_lock(&h->conns_lock);
 	while (!h->stopping) {
 		struct timespec until;
 		unsigned long cut = 0;
 
+		uint64_t now = now_ms();
+
 		for (conn_track *t = h->conns; t; t = t->next) {
-			if (t->reading && !t->cut && since_s(&t->since) > limit) {
+			uint64_t w = atomic_load(&t->state);
+
+			/* since may be a moment after now (set since now was read) */
+			if ((w & 1) && !t->cut && now > (w >> 1) && now - (w >> 1) > limit &&
+			    atomic_compare_exchange_strong(&t->state, &w, w & ~(uint64_t)1)) {
 				shutdown(t->fd, SHUT_RDWR);
 				t->cut = 1;
 				cut++;
