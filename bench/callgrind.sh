@@ -11,7 +11,9 @@
 #   bench/callgrind.sh [BUILD_DIR [N]]     (build, 2000)
 #
 # Prints "first Ir/request", "replay Ir/request" and the top functions of
-# each phase (self cost); BENCH_CG_KEEP=DIR keeps the callgrind files there.
+# each phase (self cost, BENCH_CG_TOP of them, 25); BENCH_CG_KEEP=DIR keeps
+# the callgrind files there; BENCH_CG_IDEMD_FLAGS adds idemd options
+# (e.g. "--batch-max 1").
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -41,7 +43,8 @@ secret=$(sed -n '/signing secret/{n;s/^  //p}' <<<"$demo")
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 
 valgrind --tool=callgrind --callgrind-out-file="$tmp/cg.out" \
-  "$build/idemd" --db "$db" --listen "127.0.0.1:$port" >/dev/null 2>"$tmp/idemd.log" &
+  "$build/idemd" --db "$db" --listen "127.0.0.1:$port" ${BENCH_CG_IDEMD_FLAGS:-} \
+  >/dev/null 2>"$tmp/idemd.log" &
 pid=$!
 for _ in $(seq 1 600); do
   curl -fsS "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && break

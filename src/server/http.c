@@ -3,6 +3,8 @@
  * under a hard cap (1 MiB: larger is 413 without reading it when the
  * Content-Length says so), runs the route, frames the answer with its
  * headers, and logs one line per request with its duration and outcome.
+ * A request's header fields and a small body live in its own arena
+ * (server.h), freed once with it: no allocation per field.
  *
  * Handlers run on libmicrohttpd's internal thread pool with epoll; each
  * blocks its thread until its COMMIT returned, so a 2xx never leaves before
@@ -158,7 +160,6 @@ static conn_track *track_of(struct MHD_Connection *conn)
 static void track_set(http_server *h, struct MHD_Connection *conn, int reading)
 {
 	conn_track *t = track_of(conn);
-
 	uint64_t w;
 
 	(void)h;
@@ -219,7 +220,6 @@ static void *watchdog_main(void *arg)
 	while (!h->stopping) {
 		struct timespec until;
 		unsigned long cut = 0;
-
 		uint64_t now = now_ms();
 
 		for (conn_track *t = h->conns; t; t = t->next) {
