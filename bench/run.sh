@@ -13,7 +13,13 @@
 # for the memory run (1000000), BENCH_RSS_SECONDS its time cap (60, twice),
 # BENCH_DBS "pg mariadb" (which servers to start; "" for SQLite only),
 # BENCH_DURABLE 1 (run the servers with fsync on; 0 keeps db-up.sh's
-# test settings), BENCH_DOC (docs/benchmarks.md; "" to print only).
+# test settings), BENCH_DOC (docs/benchmarks.md; "" to print only),
+# BENCH_RSS 1 (0 skips the memory runs).
+#
+# Every server run also records the server's CPU time over the load
+# (utime + stime from /proc/PID/stat, all threads): the table prints it per
+# answered request. It includes idem-bench's untimed warm-up and its
+# verification reads, a few hundred requests against tens of thousands.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -36,6 +42,7 @@ for b in "$idemd" "$idemctl" "$bench" "$static" "$raw_sqlite" "$raw_mariadb"; do
   [ -x "$b" ] || { echo "run.sh: $b is missing: build first (make bench)" >&2; exit 1; }
 done
 
+load_start=$(cut -d' ' -f1-3 /proc/loadavg)
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/idem-bench.XXXXXX")
 results=$tmp/results.jsonl
 : >"$results"
@@ -101,14 +108,27 @@ record() {
     "$1" "$2" >&2
 }
 
+# The server's CPU time so far (user + system, clock ticks, all threads).
+ticks() {
+  awk '{print $14 + $15}' "/proc/$server_pid/stat" 2>/dev/null || echo 0
+}
+hz=$(getconf CLK_TCK)
+
+# cpu_json TICKS-BEFORE TICKS-AFTER: the extra fields of a server run
+cpu_json() {
+  echo "{\"cpu_ticks\": $(($2 - $1)), \"clk_tck\": $hz}"
+}
+
 # load KEY DB-URL ARGS... : idem-bench against the running idemd
 load() {
-  local key=$1 db=$2 out
+  local key=$1 db=$2 out t0 t1
   shift 2
+  t0=$(ticks)
   out=$("$bench" --url "127.0.0.1:$port" --db "$db" --idemctl "$idemctl" \
     --concurrency "$conc" --json --label "$key" "$@") || true
+  t1=$(ticks)
   [ -n "$out" ] || out='{"rps":0,"verify":"error"}'
-  record "$key" "$out"
+  record "$key" "$out" "$(cpu_json "$t0" "$t1")"
 }
 
 # idemd_run KEY DB-URL [IDEMD FLAGS...] -- [BENCH ARGS...]
@@ -130,9 +150,10 @@ replay=(--duration "$dur" --dup-ratio 1 --hot-keys 1000)
 # ---- 1. replay path, cache warm, vs libmicrohttpd's static body -----------
 log "replay path vs static body"
 start_server static "$static"
+t0=$(ticks)
 out=$("$bench" --url "127.0.0.1:$port" --no-verify --concurrency "$conc" --json \
   --label static "${replay[@]}") || out='{"rps":0}'
-record static "$out"
+record static "$out" "$(cpu_json "$t0" "$(ticks)")"
 stop_server
 idemd_run replay "sqlite:$tmp/replay.db" -- "${replay[@]}"
 
@@ -254,13 +275,17 @@ rss_run() { # key cache-mb
   record "$key" "$out" \
     "{\"hwm_start_kb\": ${hwm_start:-0}, \"hwm_end_kb\": ${hwm_end:-0}, \"cache_mb\": \"$mb\", \"keys_target\": $rss_keys}"
 }
-log "peak RSS after up to $rss_keys distinct keys (cap ${rss_secs}s each), cache off then ${rss_cap} MB"
-rss_run rss_nocache 0
-rss_run rss "$rss_cap"
+if [ "${BENCH_RSS:-1}" = 1 ]; then
+  log "peak RSS after up to $rss_keys distinct keys (cap ${rss_secs}s each), cache off then ${rss_cap} MB"
+  rss_run rss_nocache 0
+  rss_run rss "$rss_cap"
+fi
 
 # ---- the table --------------------------------------------------------------
 machine=$(printf '%s cores, %s; Linux %s; %s' "$(nproc)" \
   "$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)" "$(uname -r)" \
   "$(df -h "$tmp" | awk 'NR==2 {print $1 " (" $2 ")"}')")
+# The machine is shared: say how busy it was (1, 5, 15-minute load averages).
+machine="$machine; load average $load_start at the start, $(cut -d' ' -f1-3 /proc/loadavg) at the end"
 python3 "$root/bench/table.py" "$results" "$machine" "$dur" "$conc" \
   "$([ ${#gc_flags[@]} -gt 0 ] && echo yes || echo no)" "$durable" "${doc:-}"

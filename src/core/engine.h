@@ -57,6 +57,14 @@ void idem__retry_backoff(int attempt);
  */
 int idem__with_txn(idem_store *s, idem_txn_fn fn, void *ctx, idem_result *out);
 
+/*
+ * The same for fn that may set *undo: its transaction is then rolled back
+ * and fn's value (>= 0) returned, as if committed with nothing in it. A
+ * unit in a transaction of its own needs no savepoint for that.
+ */
+typedef int (*idem__txn_undo_fn)(idem_txn *txn, void *ctx, int *undo);
+int idem__with_txn_undo(idem_store *s, idem__txn_undo_fn fn, void *ctx, idem_result *out);
+
 /* Note a store error of code in the store's metrics (core/metrics.c). */
 void idem__store_count_error(idem_store *store, int code);
 

@@ -72,7 +72,9 @@ int idem_store_query(idem_store *store, const char *sql, const idem_value *param
 	return rc;
 }
 
-int idem__with_txn(idem_store *s, idem_txn_fn fn, void *ctx, idem_result *out)
+/* idem__with_txn with an undo flag: fn_undo sets it to roll back and succeed. */
+static int txn_loop(idem_store *s, idem_txn_fn fn, idem__txn_undo_fn fn_undo, void *ctx,
+                    idem_result *out)
 {
 	int rc = 0;
 
@@ -80,9 +82,14 @@ int idem__with_txn(idem_store *s, idem_txn_fn fn, void *ctx, idem_result *out)
 		idem_txn *txn = NULL;
 
 		if ((rc = s->ops->txn_begin(s->be, &txn)) == 0) {
-			int ret = fn(txn, ctx);
+			int undo = 0;
+			int ret = fn ? fn(txn, ctx) : fn_undo(txn, ctx, &undo);
 
 			if (ret < 0) {
+				s->ops->txn_rollback(txn);
+				rc = ret;
+			} else if (undo) {
+				/* Nothing of fn is to remain, and that is its answer. */
 				s->ops->txn_rollback(txn);
 				rc = ret;
 			} else if ((rc = s->ops->txn_commit(txn)) == 0) {
@@ -97,6 +104,16 @@ int idem__with_txn(idem_store *s, idem_txn_fn fn, void *ctx, idem_result *out)
 		idem__retry_backoff(attempt);
 	}
 	return rc;
+}
+
+int idem__with_txn(idem_store *s, idem_txn_fn fn, void *ctx, idem_result *out)
+{
+	return txn_loop(s, fn, NULL, ctx, out);
+}
+
+int idem__with_txn_undo(idem_store *s, idem__txn_undo_fn fn, void *ctx, idem_result *out)
+{
+	return txn_loop(s, NULL, fn, ctx, out);
 }
 
 int idem_store_transact(idem_store *store, idem_txn_fn fn, void *ctx)

@@ -18,6 +18,7 @@
  * looks exactly like "v\r\n" once parsed; such a value is read as "v".
  */
 #include <microhttpd.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,8 +36,11 @@ static int is_tchar(unsigned char c)
 
 typedef struct {
 	req_head *h;
-	int overflow;
+	int overflow, nomem;
 } collect_ctx;
+
+/* Fields room in the arena to begin with; requests rarely send more. */
+#define HEAD_FIELDS_FIRST 16
 
 static enum MHD_Result collect(void *cls, enum MHD_ValueKind kind, const char *key, size_t key_size,
                                const char *value, size_t value_size)
@@ -48,6 +52,18 @@ static enum MHD_Result collect(void *cls, enum MHD_ValueKind kind, const char *k
 	if (c->h->n >= HEAD_FIELDS_MAX) {
 		c->overflow = 1;
 		return MHD_NO;
+	}
+	if (c->h->n == c->h->cap) { /* rare: more fields than the first guess */
+		size_t cap = c->h->cap * 2 < HEAD_FIELDS_MAX ? c->h->cap * 2 : HEAD_FIELDS_MAX;
+		head_field *more = arena_alloc(c->h->arena, cap * sizeof(*more));
+
+		if (!more) {
+			c->nomem = 1;
+			return MHD_NO;
+		}
+		memcpy(more, c->h->f, c->h->n * sizeof(*more));
+		c->h->f = more;
+		c->h->cap = cap;
 	}
 	f = &c->h->f[c->h->n++];
 	f->name = key;
@@ -172,11 +188,14 @@ void head_trim(const char **v, size_t *len)
 /* Headers whose consumers check every byte and answer with their own problem. */
 static int checked_later(const head_field *f)
 {
-	static const char *const names[] = {"Authorization", "Idempotency-Key", "X-Signature"};
+	static const struct {
+		const char *name;
+		size_t len;
+	} names[] = {{"Authorization", 13}, {"Idempotency-Key", 15}, {"X-Signature", 11}};
 
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-		if (f->name_len == strlen(names[i]) &&
-		    strncasecmp(f->name, names[i], f->name_len) == 0)
+		if (f->name_len == names[i].len &&
+		    strncasecmp(f->name, names[i].name, f->name_len) == 0)
 			return 1;
 	return 0;
 }
@@ -192,11 +211,11 @@ static int framing(const req_head *h, const char *version, http_answer *a)
 	for (size_t i = 0; i < h->n; i++) {
 		const head_field *f = &h->f[i];
 
+		if (f->len == 0 || checked_later(f)) /* once per field, not per byte */
+			continue;
 		for (size_t j = 0; j < f->len; j++) {
 			unsigned char c = (unsigned char)f->value[j];
 
-			if (checked_later(f))
-				break;
 			if ((c < 0x20 && c != '\t') || c == 0x7f)
 				return bad(a, 400, "invalid_request",
 				           "a header value holds a control character");
@@ -251,22 +270,29 @@ static int framing(const req_head *h, const char *version, http_answer *a)
 	return 0;
 }
 
-int head_parse(req_head *h, struct MHD_Connection *conn, const char *method, const char *url,
-               const char *version, size_t raw_uri_len, http_answer *a)
+int head_parse(req_head *h, req_arena *arena, struct MHD_Connection *conn, const char *method,
+               const char *url, const char *version, size_t raw_uri_len, http_answer *a)
 {
-	collect_ctx c = {h, 0};
+	collect_ctx c = {h, 0, 0};
 
-	memset(h, 0, sizeof(*h));
+	h->f = NULL;
+	h->n = 0;
+	h->cap = HEAD_FIELDS_FIRST;
+	h->arena = arena;
 	if (!method[0])
 		return bad(a, 400, "invalid_request", "no method");
 	for (const char *p = method; *p; p++)
 		if (!is_tchar((unsigned char)*p))
 			return bad(a, 400, "invalid_request", "the method is not a token");
-	if (!(h->f = calloc(HEAD_FIELDS_MAX, sizeof(*h->f)))) {
+	if (!(h->f = arena_alloc(arena, h->cap * sizeof(*h->f)))) {
 		answer_problem(a, 500, "internal_error", "out of memory");
 		return -1;
 	}
 	MHD_get_connection_values_n(conn, MHD_HEADER_KIND, collect, &c);
+	if (c.nomem) {
+		answer_problem(a, 500, "internal_error", "out of memory");
+		return -1;
+	}
 	if (c.overflow)
 		return bad(a, 431, "header_fields_too_large", "more than 256 header fields");
 #if MHD_VERSION < 0x00097600
@@ -280,9 +306,42 @@ int head_parse(req_head *h, struct MHD_Connection *conn, const char *method, con
 	return framing(h, version, a);
 }
 
-void head_free(req_head *h)
+/* The request arena (server.h): here, beside its first user, the head. */
+struct arena_block {
+	arena_block *next;
+	max_align_t data[];
+};
+
+void arena_init(req_arena *a, void *mem, size_t cap)
 {
-	free(h->f);
-	h->f = NULL;
-	h->n = 0;
+	a->mem = mem;
+	a->used = 0;
+	a->cap = cap;
+	a->heap = NULL;
+}
+
+void *arena_alloc(req_arena *a, size_t n)
+{
+	size_t at = (a->used + 15) & ~(size_t)15;
+	arena_block *b;
+
+	if (n <= a->cap && at <= a->cap - n) {
+		a->used = at + n;
+		return a->mem + at;
+	}
+	if (n > SIZE_MAX - sizeof(*b) || !(b = malloc(sizeof(*b) + n)))
+		return NULL;
+	b->next = a->heap;
+	a->heap = b;
+	return b->data;
+}
+
+void arena_release(req_arena *a)
+{
+	for (arena_block *b = a->heap, *next; b; b = next) {
+		next = b->next;
+		free(b);
+	}
+	a->heap = NULL;
+	a->used = 0;
 }

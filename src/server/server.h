@@ -128,6 +128,24 @@ int route_prepare(server_state *s, http_req *r, const char *method, const char *
 int route_check_media(http_req *r, const char *method, http_answer *a);
 
 /*
+ * A request's arena (http.c): what one request needs while it is being
+ * read and answered (header fields, a small body) comes from a block inside
+ * the request, bumped, never zeroed and freed once with the request, like
+ * h2o's req->pool; what does not fit comes from malloc, listed, and freed
+ * at the same time. STYLE.md; docs/benchmarks.md has the profile.
+ */
+typedef struct arena_block arena_block;
+typedef struct {
+	unsigned char *mem;
+	size_t used, cap;
+	arena_block *heap; /* overflow blocks */
+} req_arena;
+void arena_init(req_arena *a, void *mem, size_t cap);
+/* n bytes, 16-aligned, uninitialised; NULL when out of memory. */
+void *arena_alloc(req_arena *a, size_t n);
+void arena_release(req_arena *a);
+
+/*
  * The request head as bytes (head.c): every header field with the raw
  * length of its value, checked for the framing RFC 9112 requires (one Host
  * on HTTP/1.1, one Content-Length, no Content-Length with
@@ -147,15 +165,15 @@ typedef struct {
 } head_field;
 typedef struct {
 	head_field *f;
-	size_t n;
+	size_t n, cap;
+	req_arena *arena; /* where f lives */
 } req_head;
-/* 0: h is filled in; -1: a has the problem (a->close set). */
-int head_parse(req_head *h, struct MHD_Connection *conn, const char *method, const char *url,
-               const char *version, size_t raw_uri_len, http_answer *a);
+/* 0: h is filled in (its fields in arena); -1: a has the problem (a->close set). */
+int head_parse(req_head *h, req_arena *arena, struct MHD_Connection *conn, const char *method,
+               const char *url, const char *version, size_t raw_uri_len, http_answer *a);
 /* The first field called name (case-insensitive), *len its raw length, *count how many. */
 const char *head_get(const req_head *h, const char *name, size_t *len, int *count);
 void head_trim(const char **v, size_t *len);
-void head_free(req_head *h);
 
 /* Start and stop the HTTP daemon. */
 typedef struct http_server http_server;
