@@ -377,42 +377,7 @@ static int begin_step(idem_txn *txn, void *arg)
 int idem_claim_begin(idem_claim **out_claim, idem_result *out, idem_store *store,
                      const idem_request *req)
 {
-	idem__key k;
-	idem_claim *c = NULL;
-	int64_t id = 0;
-	int rc;
-
-	*out_claim = NULL;
-	memset(out, 0, sizeof(*out));
-	if ((rc = idem__request_key(&k, req)) < 0)
-		return rc;
-	if ((rc = idem__fast_path(store, &k, req->fingerprint, out)) != 0)
-		goto done;
-	if (!(c = calloc(1, sizeof(*c)))) {
-		rc = idem__error(IDEM_ENOMEM, "out of memory");
-		goto done;
-	}
-	if ((rc = idem__rand_hex(c->owner, 16)) < 0)
-		goto done;
-	{
-		step s = {&k, req, c, "", 0, NULL, NULL, out};
-
-		rc = idem__with_txn(store, begin_step, &s, out);
-		id = s.id;
-	}
-	if (rc == 0 && out->outcome == IDEM_FIRST) {
-		c->store = store;
-		c->id = id;
-		memcpy(c->type, k.type, k.type_len + 1);
-		*out_claim = c;
-		c = NULL;
-	}
-done:
-	free(c);
-	if (rc > 0)
-		rc = 0;
-	idem__count(store, req->business_type, rc, out);
-	return rc;
+	return idem_claim_begin_with(out_claim, out, store, req, NULL, NULL);
 }
 
 typedef enum { OP_COMPLETE, OP_EXTEND, OP_ABORT } owned_op;
@@ -621,8 +586,6 @@ int idem_claim_begin_with(idem_claim **out_claim, idem_result *out, idem_store *
 	IDEM__ASSERT_ARG(out);
 	*out_claim = NULL;
 	memset(out, 0, sizeof(*out));
-	if (!prep)
-		return idem_claim_begin(out_claim, out, store, req);
 	if ((rc = idem__request_key(&k, req)) < 0)
 		return rc;
 	if ((rc = idem__fast_path(store, &k, req->fingerprint, out)) != 0)
@@ -634,9 +597,11 @@ int idem_claim_begin_with(idem_claim **out_claim, idem_result *out, idem_store *
 	if ((rc = idem__rand_hex(c->owner, 16)) < 0)
 		goto done;
 	{
-		begin_with b = {{&k, req, c, "", 0, prep, ctx, out}, 0};
+		begin_with b = {{&k, req, c, "", 0, prep, ctx, out}, 1};
 
-		rc = idem__with_txn(store, begin_with_step, &b, out);
+		/* Without prep the claim is all the transaction holds. */
+		rc = prep ? idem__with_txn(store, begin_with_step, &b, out)
+		          : idem__with_txn(store, begin_step, &b.s, out);
 		if (rc == 0 && out->outcome == IDEM_FIRST && b.held) {
 			c->store = store;
 			c->id = b.s.id;

@@ -115,6 +115,19 @@ int pay__refund_answer(idem_txn *txn, const char *merchant, const char *id, idem
 int pay__refund_set_code(idem_txn *txn, const char *id, const char *code);
 char *pay__refund_body(const char *refund_id, const char *payment_id, int64_t amount);
 
+/* The claim key and refusal code kept on a payment or refund row. */
+typedef struct {
+	char key[IDEM_KEY_MAX + 1];
+	char code[64];
+} pay__key_code;
+
+/*
+ * Read them for row id of table ("payments" or "refunds"): 1 when the row
+ * was made under req's key (a retry of that very request), 0 when not.
+ */
+int pay__own_row(idem_txn *txn, const char *table, const char *id, const idem_request *req,
+                 pay__key_code *out);
+
 /* Fail payment id (still 'creating') with the channel's refusal code. */
 int pay__fail_payment(idem_txn *txn, const char *id, const char *code, int64_t now);
 

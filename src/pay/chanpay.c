@@ -143,20 +143,32 @@ static int insert_creating(idem_txn *txn, pay__op *c, const char *id, int64_t no
 	return rc;
 }
 
-typedef struct {
-	char key[IDEM_KEY_MAX + 1];
-	char code[64];
-} key_code;
-
 static int read_key_code(void *ctx, const idem_value *c, int n)
 {
-	key_code *k = ctx;
+	pay__key_code *k = ctx;
 
 	if (n != 2)
-		return idem__error(IDEM_ESTORE, "payment row has %d columns", n);
+		return idem__error(IDEM_ESTORE, "row has %d columns", n);
 	pay__col_text(k->key, sizeof(k->key), &c[0]);
 	pay__col_text(k->code, sizeof(k->code), &c[1]);
 	return 1;
+}
+
+int pay__own_row(idem_txn *txn, const char *table, const char *id, const idem_request *req,
+                 pay__key_code *out)
+{
+	idem_value v[1] = {IDEM_V_TEXT(id)};
+	int rc;
+
+	memset(out, 0, sizeof(*out));
+	rc = idem_txn_query(txn,
+	                    strcmp(table, "refunds") == 0
+	                        ? "SELECT idem_key, channel_code FROM refunds WHERE id = ?"
+	                        : "SELECT idem_key, channel_code FROM payments WHERE id = ?",
+	                    v, 1, read_key_code, out);
+	if (rc < 0)
+		return rc;
+	return strlen(out->key) == req->key_len && memcmp(out->key, req->key, req->key_len) == 0;
 }
 
 /*
@@ -168,16 +180,12 @@ static int read_key_code(void *ctx, const idem_value *c, int n)
  */
 static int own_payment(idem_txn *txn, pay__op *c, const pay__payment *p, idem_response *resp)
 {
-	key_code k = {"", ""};
-	idem_value v[1] = {IDEM_V_TEXT(p->id)};
+	pay__key_code k;
 	json_t *obj;
 	int rc;
 
-	if ((rc = idem_txn_query(txn, "SELECT idem_key, channel_code FROM payments WHERE id = ?", v,
-	                         1, read_key_code, &k)) < 0)
+	if ((rc = pay__own_row(txn, "payments", p->id, &c->req, &k)) <= 0)
 		return rc;
-	if (strlen(k.key) != c->req.key_len || memcmp(k.key, c->req.key, c->req.key_len) != 0)
-		return 0;
 	if (strcmp(p->status, "failed") == 0 && k.code[0])
 		rc = pay__declined_problem(resp, k.code);
 	else if (!(obj = pay__payment_object(p)))

@@ -83,22 +83,6 @@ static int answer_row(idem_response *resp, int status, const refund_row *r)
 	return rc;
 }
 
-typedef struct {
-	char key[IDEM_KEY_MAX + 1];
-	char code[64];
-} key_code;
-
-static int read_key_code(void *ctx, const idem_value *c, int n)
-{
-	key_code *k = ctx;
-
-	if (n != 2)
-		return idem__error(IDEM_ESTORE, "refund row has %d columns", n);
-	pay__col_text(k->key, sizeof(k->key), &c[0]);
-	pay__col_text(k->code, sizeof(k->code), &c[1]);
-	return 1;
-}
-
 /*
  * A channel refund resolved since this key's last attempt (the sweeper, after
  * a 503 released the claim): the retry gets the answer the first attempt
@@ -107,15 +91,11 @@ static int read_key_code(void *ctx, const idem_value *c, int n)
  */
 static int own_refund(idem_txn *txn, pay__op *c, const refund_row *r, idem_response *resp)
 {
-	key_code k = {"", ""};
-	idem_value v[1] = {IDEM_V_TEXT(r->id)};
+	pay__key_code k;
 	int rc;
 
-	if ((rc = idem_txn_query(txn, "SELECT idem_key, channel_code FROM refunds WHERE id = ?", v,
-	                         1, read_key_code, &k)) < 0)
+	if ((rc = pay__own_row(txn, "refunds", r->id, &c->req, &k)) <= 0)
 		return rc;
-	if (strlen(k.key) != c->req.key_len || memcmp(k.key, c->req.key, c->req.key_len) != 0)
-		return 0;
 	if (strcmp(r->status, "failed") == 0 && k.code[0])
 		rc = pay__declined_problem(resp, k.code);
 	else

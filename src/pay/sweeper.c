@@ -93,12 +93,15 @@ static int release_step(idem_txn *txn, void *ctx)
 
 /* ---- candidates --------------------------------------------------------- */
 
+/* A payment or refund to resolve; refunds also carry their payment and status. */
 typedef struct {
 	char id[IDEM_PAY_ID_SIZE];
 	char merchant[IDEM_PAY_ID_SIZE];
 	char channel[IDEM_PAY_CHANNEL_MAX + 1];
 	char key[IDEM_KEY_MAX + 1];
 	int64_t updated_at, amount;
+	char payment_id[IDEM_PAY_ID_SIZE];
+	char status[16];
 } cand;
 
 typedef struct {
@@ -106,12 +109,14 @@ typedef struct {
 	int n;
 } cands;
 
+/* Columns id, merchant_id, channel, idem_key, updated_at, amount
+ * [, payment_id, status]. */
 static int read_cand(void *ctx, const idem_value *col, int n)
 {
 	cands *l = ctx;
 	cand *c;
 
-	if (n != 6)
+	if (n != 6 && n != 8)
 		return idem__error(IDEM_ESTORE, "sweeper row has %d columns", n);
 	if (l->n >= SWEEP_BATCH)
 		return 0;
@@ -122,6 +127,10 @@ static int read_cand(void *ctx, const idem_value *col, int n)
 	pay__col_text(c->key, sizeof(c->key), &col[3]);
 	c->updated_at = col[4].i;
 	c->amount = col[5].i;
+	if (n == 8) {
+		pay__col_text(c->payment_id, sizeof(c->payment_id), &col[6]);
+		pay__col_text(c->status, sizeof(c->status), &col[7]);
+	}
 	return 0;
 }
 
@@ -296,43 +305,8 @@ static int settle_orphans(idem_pay *pay, int64_t now, int *resolved)
 /* ---- refunds ------------------------------------------------------------ */
 
 typedef struct {
-	char id[IDEM_PAY_ID_SIZE];
-	char merchant[IDEM_PAY_ID_SIZE];
-	char channel[IDEM_PAY_CHANNEL_MAX + 1];
-	char key[IDEM_KEY_MAX + 1];
-	char payment_id[IDEM_PAY_ID_SIZE];
-	char status[16];
-	int64_t amount;
-} rcand;
-
-typedef struct {
-	rcand *c;
-	int n;
-} rcands;
-
-static int read_rcand(void *ctx, const idem_value *col, int n)
-{
-	rcands *l = ctx;
-	rcand *c;
-
-	if (n != 7)
-		return idem__error(IDEM_ESTORE, "sweeper row has %d columns", n);
-	if (l->n >= SWEEP_BATCH)
-		return 0;
-	c = &l->c[l->n++];
-	pay__col_text(c->id, sizeof(c->id), &col[0]);
-	pay__col_text(c->merchant, sizeof(c->merchant), &col[1]);
-	pay__col_text(c->channel, sizeof(c->channel), &col[2]);
-	pay__col_text(c->key, sizeof(c->key), &col[3]);
-	pay__col_text(c->payment_id, sizeof(c->payment_id), &col[4]);
-	pay__col_text(c->status, sizeof(c->status), &col[5]);
-	c->amount = col[6].i;
-	return 0;
-}
-
-typedef struct {
 	idem_pay *pay;
-	const rcand *c;
+	const cand *c;
 	const char *status; /* SUCCESS, PROCESSING, FAILED */
 	const char *channel_refund_id;
 	const char *declined; /* the channel's code when it refused */
@@ -374,7 +348,7 @@ static int refund_reply_valid(const pay__ch_reply *q, const char *id)
 }
 
 /* Query; a refund the channel does not have is sent again (same number). */
-static int sweep_refund(idem_pay *pay, CURL *h, const rcand *c)
+static int sweep_refund(idem_pay *pay, CURL *h, const cand *c)
 {
 	pay__chan ch;
 	pay__ch_reply q = {0};
@@ -421,23 +395,24 @@ done:
 
 static int sweep_refunds(idem_pay *pay, CURL *h, int64_t now, int64_t age_ms, int *resolved)
 {
-	rcand *buf = calloc(SWEEP_BATCH, sizeof(rcand));
-	rcands l = {buf, 0};
+	cand *buf = calloc(SWEEP_BATCH, sizeof(cand));
+	cands l = {buf, 0};
 	idem_value v[2] = {IDEM_V_INT(now - age_ms), IDEM_V_INT(now)};
 	int rc;
 
 	if (!buf)
 		return idem__error(IDEM_ENOMEM, "out of memory");
-	rc = idem_store_query(pay->store,
-	                      "SELECT r.id, r.merchant_id, p.channel, r.idem_key, r.payment_id,"
-	                      " r.status, r.amount FROM refunds r JOIN payments p"
-	                      " ON p.id = r.payment_id"
-	                      " WHERE r.status IN ('creating', 'processing') AND r.updated_at <= ?"
-	                      " AND NOT EXISTS (SELECT 1 FROM idem_records i"
-	                      " WHERE i.scope = r.merchant_id AND i.business_type = 'refund'"
-	                      " AND i.idem_key = r.idem_key AND i.status = 'PROCESSING'"
-	                      " AND i.lease_until > ?) ORDER BY r.updated_at LIMIT 100",
-	                      v, 2, read_rcand, &l);
+	rc = idem_store_query(
+	    pay->store,
+	    "SELECT r.id, r.merchant_id, p.channel, r.idem_key, r.updated_at, r.amount,"
+	    " r.payment_id, r.status FROM refunds r JOIN payments p"
+	    " ON p.id = r.payment_id"
+	    " WHERE r.status IN ('creating', 'processing') AND r.updated_at <= ?"
+	    " AND NOT EXISTS (SELECT 1 FROM idem_records i"
+	    " WHERE i.scope = r.merchant_id AND i.business_type = 'refund'"
+	    " AND i.idem_key = r.idem_key AND i.status = 'PROCESSING'"
+	    " AND i.lease_until > ?) ORDER BY r.updated_at LIMIT 100",
+	    v, 2, read_cand, &l);
 	for (int i = 0; rc == 0 && i < l.n; i++)
 		*resolved += sweep_refund(pay, h, &l.c[i]);
 	free(buf);
