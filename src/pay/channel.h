@@ -90,10 +90,38 @@ void pay__sweep_count(idem_pay *pay, const char *outcome);
 
 /* ---- the flows (chanpay.c) ---- */
 
+typedef struct pay__chjob pay__chjob;
+
+/* How one kind of two-phase channel request runs (payments, refunds). */
+typedef struct {
+	const char *what; /* "create call", for the 503's detail */
+	pay__ch_kind call;
+	const char *path;                          /* POSTed to */
+	idem_work_fn prep, ok_work, declined_work; /* ctx: the pay__chjob */
+	char *(*body)(const pay__chjob *j);        /* the call's body, malloc'd */
+	int (*answer_valid)(const pay__ch_reply *r, const char *id);
+} pay__flow;
+
+/* One such request on its way: phase one sets id (the downstream number). */
+struct pay__chjob {
+	pay__job job;
+	const pay__flow *flow;
+	pay__op *op;
+	pay__chan ch;
+	char id[IDEM_PAY_ID_SIZE];
+	pay__ch_reply reply;
+};
+
+/*
+ * Run op in two phases on the channel pool: the claim with flow->prep's rows,
+ * the call, the completion with ok_work or declined_work; an unknown answer
+ * releases the claim and answers 503 channel_unavailable. A full queue is 503
+ * channel_busy, nothing claimed. op->req must be set (pay__op_request).
+ */
+void pay__chan_start(pay__op *op, const pay__chan *ch, const pay__flow *flow);
+
 /* Start a payment on connected channel ch (two phases on the pool). */
 void pay__chan_payment_start(pay__op *op, const pay__chan *ch);
-/* Start a refund of a payment made on connected channel ch. */
-void pay__chan_refund_start(pay__op *op, const pay__chan *ch);
 
 /*
  * Move payment id to the channel's order status (PENDING, SUCCESS, FAILED,

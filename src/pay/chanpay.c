@@ -23,14 +23,6 @@
 
 #define ORDER_EXPIRY_MS (30LL * 60 * 1000) /* expire_at sent with a create */
 
-typedef struct {
-	pay__job job;
-	pay__op *op;
-	pay__chan ch;
-	char payment_id[IDEM_PAY_ID_SIZE];
-	pay__ch_reply reply;
-} pay_job;
-
 /* ---- the payment's state from the channel's order status --------------- */
 
 static int set_status(idem_txn *txn, const char *id, const char *to, const char *from_sql,
@@ -199,7 +191,7 @@ static int own_payment(idem_txn *txn, pay__op *c, const pay__payment *p, idem_re
 
 static int create_prep(idem_txn *txn, void *ctx, idem_response *resp)
 {
-	pay_job *j = ctx;
+	pay__chjob *j = ctx;
 	pay__op *c = j->op;
 	pay__payment p = {0};
 	json_t *obj = NULL;
@@ -211,9 +203,9 @@ static int create_prep(idem_txn *txn, void *ctx, idem_response *resp)
 	if (rc < 0)
 		goto done;
 	if (!p.found) {
-		if ((rc = pay__new_id(j->payment_id, "pay_")) < 0)
+		if ((rc = pay__new_id(j->id, "pay_")) < 0)
 			goto done;
-		rc = insert_creating(txn, c, j->payment_id, now);
+		rc = insert_creating(txn, c, j->id, now);
 		if (rc == IDEM_ECONFLICT) /* inserted meanwhile under another key */
 			rc = idem__error(IDEM_ERETRY, "payment row appeared during the claim");
 		goto done;
@@ -228,7 +220,7 @@ static int create_prep(idem_txn *txn, void *ctx, idem_response *resp)
 		 * sweeper's age counts from the latest attempt. */
 		idem_value v[2] = {IDEM_V_INT(now), IDEM_V_TEXT(p.id)};
 
-		memcpy(j->payment_id, p.id, sizeof(j->payment_id));
+		memcpy(j->id, p.id, sizeof(j->id));
 		rc = idem_txn_exec(
 		    txn, "UPDATE payments SET updated_at = ? WHERE id = ? AND status = 'creating'",
 		    v, 2, &n);
@@ -274,15 +266,14 @@ done:
 
 static int ok_work(idem_txn *txn, void *ctx, idem_response *resp)
 {
-	pay_job *j = ctx;
+	pay__chjob *j = ctx;
 	const char *status = json_string_value(json_object_get(j->reply.doc, "status"));
 	const char *txn_id = json_string_value(json_object_get(j->reply.doc, "channel_txn_id"));
 	int changed = 0, rc;
 
-	if ((rc = pay__apply_order_status(j->op->pay, txn, j->payment_id, status, txn_id,
-	                                  &changed)) < 0)
+	if ((rc = pay__apply_order_status(j->op->pay, txn, j->id, status, txn_id, &changed)) < 0)
 		return rc;
-	return answer_payment(txn, j->op, j->payment_id, 201, resp);
+	return answer_payment(txn, j->op, j->id, 201, resp);
 }
 
 int pay__declined_problem(idem_response *resp, const char *code)
@@ -302,10 +293,10 @@ int pay__declined_problem(idem_response *resp, const char *code)
 
 static int declined_work(idem_txn *txn, void *ctx, idem_response *resp)
 {
-	pay_job *j = ctx;
+	pay__chjob *j = ctx;
 	int rc;
 
-	if ((rc = pay__fail_payment(txn, j->payment_id, j->reply.code, pay__now(j->op->pay))) < 0)
+	if ((rc = pay__fail_payment(txn, j->id, j->reply.code, pay__now(j->op->pay))) < 0)
 		return rc;
 	return pay__declined_problem(resp, j->reply.code);
 }
@@ -345,7 +336,7 @@ static int order_answer_valid(const pay__ch_reply *r, const char *id)
 	        strcmp(st, "FAILED") == 0 || strcmp(st, "CLOSED") == 0);
 }
 
-static char *create_body(const pay_job *j)
+static char *create_body(const pay__chjob *j)
 {
 	pay__op *c = j->op;
 	char expire[32], notify[700];
@@ -354,7 +345,7 @@ static char *create_body(const pay_job *j)
 
 	pay__time(expire, pay__now(c->pay) + ORDER_EXPIRY_MS);
 	snprintf(notify, sizeof(notify), "%s/v1/notifications/%s", c->pay->public_url, j->ch.name);
-	o = json_pack("{s:s, s:I, s:s, s:s, s:s}", "out_trade_no", j->payment_id, "amount",
+	o = json_pack("{s:s, s:I, s:s, s:s, s:s}", "out_trade_no", j->id, "amount",
 	              (json_int_t)pay__int(c->doc, "amount"), "currency",
 	              pay__str(c->doc, "currency"), "notify_url",
 	              c->pay->public_url[0] ? notify : "", "expire_at", expire);
@@ -363,37 +354,39 @@ static char *create_body(const pay_job *j)
 	return s;
 }
 
-static void payment_run(pay__job *job, CURL *h)
+static void flow_run(pay__job *job, CURL *h)
 {
-	pay_job *j = (pay_job *)job;
+	pay__chjob *j = (pay__chjob *)job;
+	const pay__flow *f = j->flow;
 	pay__op *c = j->op;
 	idem_claim *claim = NULL;
 	idem_result res = {0};
 	char *body = NULL;
 	int rc;
 
-	rc = idem_claim_begin_with(&claim, &res, c->pay->store, &c->req, create_prep, j);
+	rc = idem_claim_begin_with(&claim, &res, c->pay->store, &c->req, f->prep, j);
 	if (rc < 0 || !claim)
-		goto answer; /* a store error, a duplicate, or the backstop's answer */
+		goto answer; /* a store error, a duplicate, or prep's own answer */
 	idem_result_clear(&res);
-	if (!h || !(body = create_body(j))) {
+	if (!h || !(body = f->body(j))) {
 		idem_claim_abort(claim);
-		rc = pay__unavailable(&res, "create call", "out of memory");
+		rc = pay__unavailable(&res, f->what, "out of memory");
 		goto answer;
 	}
-	pay__ch_call(c->pay, h, &j->ch, PAY__CALL_CREATE, "POST", "/orders", body, &j->reply);
-	if (j->reply.outcome == PAY__CH_OK && !order_answer_valid(&j->reply, j->payment_id)) {
+	pay__ch_call(c->pay, h, &j->ch, f->call, "POST", f->path, body, &j->reply);
+	if (j->reply.outcome == PAY__CH_OK && !f->answer_valid(&j->reply, j->id)) {
 		j->reply.outcome = PAY__CH_UNKNOWN;
-		snprintf(j->reply.why, sizeof(j->reply.why), "an OK answer for another order");
+		snprintf(j->reply.why, sizeof(j->reply.why), "an OK answer for another number");
 	}
 	if (j->reply.outcome == PAY__CH_UNKNOWN) {
-		/* Never guess: the order may exist. The retry takes over at once. */
+		/* Never guess: it may have taken effect. The retry takes over at
+		 * once and sends the same number. */
 		idem_claim_abort(claim);
-		rc = pay__unavailable(&res, "create call", j->reply.why);
+		rc = pay__unavailable(&res, f->what, j->reply.why);
 		goto answer;
 	}
 	rc = idem_claim_finish(&res, claim,
-	                       j->reply.outcome == PAY__CH_OK ? ok_work : declined_work, j);
+	                       j->reply.outcome == PAY__CH_OK ? f->ok_work : f->declined_work, j);
 	if (rc < 0 && rc != IDEM_ELEASE)
 		idem_claim_abort(claim); /* the retry asks the channel again: same number */
 	if (rc == IDEM_ELEASE)
@@ -408,8 +401,21 @@ answer:
 	free(j);
 }
 
-static void busy(pay__op *op, pay_job *j)
+void pay__chan_start(pay__op *op, const pay__chan *ch, const pay__flow *flow)
 {
+	pay__pool *pool = pay__pool_get(op->pay);
+	pay__chjob *j = pool ? calloc(1, sizeof(*j)) : NULL;
+
+	if (!j) {
+		pay__finish(op, idem__error(IDEM_ENOMEM, "cannot start a channel call"));
+		return;
+	}
+	j->job.run = flow_run;
+	j->flow = flow;
+	j->op = op;
+	j->ch = *ch;
+	if (pay__pool_submit(pool, &j->job) == 0)
+		return;
 	OPENSSL_cleanse(&j->ch, sizeof(j->ch));
 	free(j);
 	pay__reject(&op->res, 503, "channel_busy",
@@ -417,21 +423,14 @@ static void busy(pay__op *op, pay_job *j)
 	pay__finish(op, 0);
 }
 
+static const pay__flow payment_flow = {
+    "create call", PAY__CALL_CREATE, "/orders",   create_prep,
+    ok_work,       declined_work,    create_body, order_answer_valid,
+};
+
 void pay__chan_payment_start(pay__op *op, const pay__chan *ch)
 {
-	pay__pool *pool = pay__pool_get(op->pay);
-	pay_job *j = calloc(1, sizeof(*j));
-
 	pay__op_request(op, "payment", pay__str(op->doc, "merchant_order_no"), op->pay->opts.ttl_ms,
 	                1);
-	if (!j || !pool) {
-		free(j);
-		pay__finish(op, idem__error(IDEM_ENOMEM, "cannot start a channel call"));
-		return;
-	}
-	j->job.run = payment_run;
-	j->op = op;
-	j->ch = *ch;
-	if (pay__pool_submit(pool, &j->job) < 0)
-		busy(op, j);
+	pay__chan_start(op, ch, &payment_flow);
 }

@@ -384,19 +384,11 @@ int pay__refund_apply_status(idem_pay *pay, idem_txn *txn, const char *merchant,
 	return rc;
 }
 
-typedef struct {
-	pay__job job;
-	pay__op *op;
-	pay__chan ch;
-	char refund_id[IDEM_PAY_ID_SIZE];
-	pay__ch_reply reply;
-} refund_job;
-
 static int refund_prep(idem_txn *txn, void *ctx, idem_response *resp)
 {
-	refund_job *j = ctx;
+	pay__chjob *j = ctx;
 
-	return reserve(txn, j->op, resp, 1, j->refund_id);
+	return reserve(txn, j->op, resp, 1, j->id);
 }
 
 int pay__refund_answer(idem_txn *txn, const char *merchant, const char *id, idem_response *resp)
@@ -412,19 +404,19 @@ int pay__refund_answer(idem_txn *txn, const char *merchant, const char *id, idem
 	return answer_row(resp, 201, &r);
 }
 
-static int refund_answer(idem_txn *txn, refund_job *j, idem_response *resp)
+static int refund_answer(idem_txn *txn, pay__chjob *j, idem_response *resp)
 {
-	return pay__refund_answer(txn, j->op->rq->caller, j->refund_id, resp);
+	return pay__refund_answer(txn, j->op->rq->caller, j->id, resp);
 }
 
 static int refund_ok_work(idem_txn *txn, void *ctx, idem_response *resp)
 {
-	refund_job *j = ctx;
+	pay__chjob *j = ctx;
 	const char *st = json_string_value(json_object_get(j->reply.doc, "status"));
 	const char *cid = json_string_value(json_object_get(j->reply.doc, "channel_refund_id"));
 	int changed = 0, rc;
 
-	if ((rc = pay__refund_apply_status(j->op->pay, txn, j->op->rq->caller, j->refund_id, st,
+	if ((rc = pay__refund_apply_status(j->op->pay, txn, j->op->rq->caller, j->id, st,
 	                                   cid, &changed)) < 0)
 		return rc;
 	return refund_answer(txn, j, resp);
@@ -432,12 +424,12 @@ static int refund_ok_work(idem_txn *txn, void *ctx, idem_response *resp)
 
 static int refund_declined_work(idem_txn *txn, void *ctx, idem_response *resp)
 {
-	refund_job *j = ctx;
+	pay__chjob *j = ctx;
 	int changed = 0, rc;
 
-	if ((rc = pay__refund_apply_status(j->op->pay, txn, j->op->rq->caller, j->refund_id,
+	if ((rc = pay__refund_apply_status(j->op->pay, txn, j->op->rq->caller, j->id,
 	                                   "FAILED", NULL, &changed)) < 0 ||
-	    (rc = pay__refund_set_code(txn, j->refund_id, j->reply.code)) < 0)
+	    (rc = pay__refund_set_code(txn, j->id, j->reply.code)) < 0)
 		return rc;
 	return pay__declined_problem(resp, j->reply.code);
 }
@@ -462,62 +454,22 @@ char *pay__refund_body(const char *refund_id, const char *payment_id, int64_t am
 	return s;
 }
 
-static void refund_run(pay__job *job, CURL *h)
+static char *refund_call_body(const pay__chjob *j)
 {
-	refund_job *j = (refund_job *)job;
-	pay__op *c = j->op;
-	idem_claim *claim = NULL;
-	idem_result res = {0};
-	char *body = NULL;
-	int rc;
-
-	rc = idem_claim_begin_with(&claim, &res, c->pay->store, &c->req, refund_prep, j);
-	if (rc < 0 || !claim)
-		goto answer;
-	idem_result_clear(&res);
-	body = pay__refund_body(j->refund_id, pay__str(c->doc, "payment_id"),
-	                        pay__int(c->doc, "amount"));
-	if (!h || !body) {
-		idem_claim_abort(claim);
-		rc = pay__unavailable(&res, "refund call", "out of memory");
-		goto answer;
-	}
-	pay__ch_call(c->pay, h, &j->ch, PAY__CALL_REFUND, "POST", "/refunds", body, &j->reply);
-	if (j->reply.outcome == PAY__CH_OK && !refund_answer_valid(&j->reply, j->refund_id)) {
-		j->reply.outcome = PAY__CH_UNKNOWN;
-		snprintf(j->reply.why, sizeof(j->reply.why), "an OK answer for another refund");
-	}
-	if (j->reply.outcome == PAY__CH_UNKNOWN) {
-		/* The refund stays 'creating' with its amount reserved; the retry
-		 * (or the sweeper) sends the same out_refund_no. */
-		idem_claim_abort(claim);
-		rc = pay__unavailable(&res, "refund call", j->reply.why);
-		goto answer;
-	}
-	rc = idem_claim_finish(&res, claim,
-	                       j->reply.outcome == PAY__CH_OK ? refund_ok_work : refund_declined_work,
-	                       j);
-	if (rc < 0 && rc != IDEM_ELEASE)
-		idem_claim_abort(claim);
-	if (rc == IDEM_ELEASE)
-		rc = idem__error(IDEM_ERETRY, "lease lost while calling the channel");
-answer:
-	free(body);
-	idem_claim_free(claim);
-	pay__ch_reply_clear(&j->reply);
-	OPENSSL_cleanse(&j->ch, sizeof(j->ch));
-	pay__op_done(c, rc, &res);
-	idem_result_clear(&res);
-	free(j);
+	return pay__refund_body(j->id, pay__str(j->op->doc, "payment_id"),
+	                        pay__int(j->op->doc, "amount"));
 }
+
+static const pay__flow refund_flow = {
+    "refund call",  PAY__CALL_REFUND,      "/refunds",       refund_prep,
+    refund_ok_work, refund_declined_work, refund_call_body, refund_answer_valid,
+};
 
 /* 1 (and the refund started) when the payment is on a connected channel. */
 static int start_on_channel(pay__op *op)
 {
 	pay__payment p = {0};
 	pay__chan ch;
-	refund_job *j;
-	pay__pool *pool;
 	int found = 0, on = 0;
 
 	memset(&ch, 0, sizeof(ch));
@@ -529,20 +481,7 @@ static int start_on_channel(pay__op *op)
 	on = 1;
 	pay__op_request(op, "refund", pay__str(op->doc, "refund_request_no"), op->pay->opts.ttl_ms,
 	                1);
-	if (!(pool = pay__pool_get(op->pay)) || !(j = calloc(1, sizeof(*j)))) {
-		pay__finish(op, idem__error(IDEM_ENOMEM, "cannot start a channel call"));
-		goto done;
-	}
-	j->job.run = refund_run;
-	j->op = op;
-	j->ch = ch;
-	if (pay__pool_submit(pool, &j->job) < 0) {
-		OPENSSL_cleanse(&j->ch, sizeof(j->ch));
-		free(j);
-		pay__reject(&op->res, 503, "channel_busy",
-		            "too many channel calls are waiting; retry later");
-		pay__finish(op, 0);
-	}
+	pay__chan_start(op, &ch, &refund_flow);
 done:
 	OPENSSL_cleanse(&ch, sizeof(ch));
 	pay__payment_clear(&p);
