@@ -50,7 +50,7 @@ Known defect, reported, not failed (IDEM_NETFAULT_STRICT=1 fails it): a
 transaction whose client vanished inside a black hole stays open on the
 server, with its row locks, until TCP keepalive notices (2 h), so every
 write needing those rows (a whole merchant) answers 503. After each fault
-the test looks for sessions idle in a transaction for ORPHAN_AGE seconds,
+the test looks for sessions idle in a transaction since before it ended,
 prints them as a FINDING, and terminates them before it checks recovery.
 
 A table (fault, how, requests, 2xx, 503, no answer, max latency, recovery)
@@ -96,8 +96,9 @@ CLIENT_TIMEOUT = 60.0            # the test's own bound on one request
 # One chain (payment .. refund), retries included. A key can stay blocked
 # long after a black hole (see docs/reliability.md): generous on purpose.
 CHAIN_TIMEOUT = 240.0
-# A server session idle in a transaction this long has lost its client.
-ORPHAN_AGE = 10
+# A server session idle in a transaction since before a fault ended, and at
+# least this long, has lost its client.
+ORPHAN_AGE = 2
 ORPHAN_LOCK_WAIT = 2.5           # lock_timeout (busy_timeout 2 s) and a margin
 # IDEM_NETFAULT_STRICT=1: orphaned sessions are left alone (the test then
 # fails on what they block); default: reported and terminated.
@@ -555,22 +556,21 @@ class NetFault(unittest.TestCase):
             self.probes.append((phase, t, self.now(), r, e))
             time.sleep(0.25)
 
-    def orphans(self):
-        """Server sessions idle inside a transaction for ORPHAN_AGE seconds or
+    def orphans(self, age):
+        """Server sessions idle inside a transaction for age (int) seconds or
         more: idemd never leaves one idle that long, so their client is gone."""
         if BACKEND == "postgres":
             q = ("SELECT pid, now() - xact_start, left(query, 60) FROM pg_stat_activity"
                  " WHERE datname = current_database() AND state LIKE 'idle in transaction%%'"
-                 " AND state_change < now() - interval '%d seconds'" % ORPHAN_AGE)
+                 " AND state_change < now() - interval '%d seconds'" % age)
         else:
             q = ("SELECT p.ID, p.TIME, t.trx_started FROM information_schema.PROCESSLIST p"
                  " JOIN information_schema.INNODB_TRX t ON t.trx_mysql_thread_id = p.ID"
-                 " WHERE p.COMMAND = 'Sleep' AND p.TIME >= %d AND p.DB = DATABASE()"
-                 % ORPHAN_AGE)
+                 " WHERE p.COMMAND = 'Sleep' AND p.TIME >= %d AND p.DB = DATABASE()" % age)
         return [" ".join(r) for r in self.db.sql(q)]
 
-    def end_orphans(self):
-        for o in self.orphans():
+    def end_orphans(self, orphans):
+        for o in orphans:
             sid = int(o.split()[0])
             if BACKEND == "postgres":
                 self.db.sql("SELECT pg_terminate_backend(%d)" % sid)
@@ -620,7 +620,8 @@ class NetFault(unittest.TestCase):
                                  % (RECOVERY_TIMEOUT, f.name, srv.log_tail(30)))
             time.sleep(f.settle)
             t_settled = t_healthy + f.settle
-            orphans = self.orphans()
+            # idle in a transaction since before the fault ended, and still
+            orphans = self.orphans(max(ORPHAN_AGE, int(self.now() - t_off)))
             if orphans:
                 # Known defect (docs/reliability.md): the server keeps the
                 # transaction of a client that vanished in the fault, with
@@ -632,7 +633,7 @@ class NetFault(unittest.TestCase):
                                                          self.now() - t_off, f.name,
                                                          "; ".join(orphans)[:600]))
                 if not STRICT:
-                    self.end_orphans()
+                    self.end_orphans(orphans)
                     t_settled = self.now() + ORPHAN_LOCK_WAIT
                     time.sleep(ORPHAN_LOCK_WAIT)
             windows.append((f, t_on, t_off, t_healthy, t_settled))
