@@ -69,6 +69,7 @@ import sys
 import threading
 import time
 import unittest
+import urllib.parse
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dbserver  # noqa: E402
@@ -145,7 +146,14 @@ class Link:
             self.why.append("no network namespace (needs root and iproute2)")
             return self
         tag = secrets.token_hex(3)
-        net = 16 + int(tag, 16) % 200
+        # a /24 no other interface (another run of this test) has
+        used = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True,
+                              timeout=30).stdout.decode(errors="replace")
+        free = [n for n in range(16, 216) if " 10.213.%d." % n not in used]
+        if not free:
+            self.why.append("no free 10.213.N.0/24 for the veth pair")
+            return self
+        net = free[int(tag, 16) % len(free)]
         ns, hif, nif = "idemnf-" + tag, "inf%sh" % tag, "inf%sn" % tag
         host_ip, server_ip = "10.213.%d.1" % net, "10.213.%d.2" % net
         try:
@@ -338,7 +346,6 @@ def make_server(link):
 
 def via_proxy(url, port):
     """url with its host:port replaced by the proxy's."""
-    import urllib.parse
     u = urllib.parse.urlsplit(url)
     auth = u.netloc.rsplit("@", 1)[0] + "@" if "@" in u.netloc else ""
     return urllib.parse.urlunsplit((u.scheme, "%s127.0.0.1:%d" % (auth, port), u.path,
