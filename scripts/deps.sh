@@ -8,7 +8,9 @@
 #   scripts/deps.sh --all    everything the whole suite needs (make test): the
 #                            database servers (galera-4, rsync and iproute2 for
 #                            the Galera cluster of scripts/galera-up.sh),
-#                            promtool, the packaging tools, clang and its
+#                            nftables for the network faults of
+#                            tests/fault/test_netfault.py, promtool, the
+#                            packaging tools, clang and its
 #                            libFuzzer runtime (make fuzz)
 set -euo pipefail
 
@@ -21,7 +23,7 @@ pkgs=(
 pkg_tools=(debhelper dpkg-dev fakeroot)
 for arg in "$@"; do
   case "$arg" in
-    --all) pkgs+=(postgresql mariadb-server galera-4 rsync iproute2 sqlite3 prometheus
+    --all) pkgs+=(postgresql mariadb-server galera-4 rsync iproute2 nftables sqlite3 prometheus
              clang libclang-rt-14-dev "${pkg_tools[@]}") ;;
     --pkg) pkgs+=("${pkg_tools[@]}") ;;
     *) echo "usage: deps.sh [--all|--pkg]" >&2; exit 2 ;;

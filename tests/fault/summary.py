@@ -6,10 +6,14 @@ outcome).
     python3 tests/fault/summary.py RESULTS_FILE [CTEST_EXIT_CODE]
 
 Only a case that passed writes its row; with a non-zero exit code the last
-line says that some failed instead of "nothing acknowledged lost".
+line says that some failed instead of "nothing acknowledged lost". The
+date, the machine's load average and core count follow, for the copy in
+docs/reliability.md.
 """
 
+import os
 import sys
+import time
 
 
 def main():
@@ -36,6 +40,12 @@ def main():
           % (len(table) - 1, total[0], total[1], total[2],
              "SOME CASES FAILED (see the ctest output above)" if failed
              else "nothing acknowledged lost"))
+    try:
+        load = "load average %.2f %.2f %.2f" % os.getloadavg()
+    except OSError:
+        load = "load average unknown"
+    print("%s, %s, %d cores" % (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), load,
+                                os.cpu_count() or 0))
     return 1 if failed else 0
 
 
