@@ -801,12 +801,17 @@ static int conn_open(idem__backend *be, conn *c)
 	}
 	/* SIMULTANEOUS_ASSIGNMENT: in UPDATE ... SET a = a + 1, b = f(a), f sees
 	 * the old a, as in SQLite, PostgreSQL and standard SQL; MariaDB's default
-	 * (left to right) would silently change the meaning of shared SQL. */
+	 * (left to right) would silently change the meaning of shared SQL.
+	 * idle_transaction_timeout (s): the server ends a session left idle
+	 * inside a transaction by a client that vanished, so its row locks do
+	 * not block that merchant's writes for keepalive's hours (postgres.c
+	 * says more). */
 	snprintf(setup, sizeof(setup),
 		 "SET SESSION sql_mode = 'STRICT_ALL_TABLES,STRICT_TRANS_TABLES,"
 		 "ERROR_FOR_DIVISION_BY_ZERO,NO_AUTO_CREATE_USER,NO_ENGINE_SUBSTITUTION,"
 		 "SIMULTANEOUS_ASSIGNMENT',"
-		 " innodb_lock_wait_timeout = %d, default_storage_engine = InnoDB",
+		 " innodb_lock_wait_timeout = %d, default_storage_engine = InnoDB,"
+		 " idle_transaction_timeout = 30",
 		 wait_s > 0 ? wait_s : 1);
 	if ((rc = simple(c, "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
 			 "session setup")) < 0 ||

@@ -41,6 +41,8 @@
 #include "util/clock.h"
 #include "util/error.h"
 
+/* See the session setup: the server ends a transaction idle this long. */
+#define IDLE_TXN_TIMEOUT_MS_STR "30000"
 #define STMT_CACHE 64
 #define MAX_COLS 32
 #define SQL_MAX (1 << 20)
@@ -643,11 +645,20 @@ static int conn_open(idem__backend *be, conn *c)
 		conn_close(c);
 		return rc;
 	}
+	/*
+	 * idle_in_transaction_session_timeout: a session whose client vanished
+	 * mid-transaction (a reset only the client saw; its socket lingers for
+	 * keepalive's hours) would hold the merchant's row lock, and every write
+	 * of that merchant would wait and fail. idemd never leaves a transaction
+	 * idle (no transaction is open across a channel call), so the server may
+	 * end any that idles 30 s (tests/fault/test_netfault.py found them).
+	 */
 	PQsetNoticeProcessor(c->pg, quiet, NULL);
 	c->io_timeout_ms = be->opts.busy_timeout_ms + IO_MARGIN_MS;
 	snprintf(setup, sizeof(setup),
 		 "SET default_transaction_isolation = 'read committed';"
-		 " SET lock_timeout = %d; SET client_min_messages = warning",
+		 " SET lock_timeout = %d; SET client_min_messages = warning;"
+		 " SET idle_in_transaction_session_timeout = " IDLE_TXN_TIMEOUT_MS_STR,
 		 be->opts.busy_timeout_ms > 0 ? be->opts.busy_timeout_ms : 1);
 	if ((rc = simple(c, setup, "session setup")) < 0) {
 		conn_close(c);
