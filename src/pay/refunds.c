@@ -470,14 +470,21 @@ static int start_on_channel(pay__op *op)
 {
 	pay__payment p = {0};
 	pay__chan ch;
-	int found = 0, on = 0;
+	int found = 0, on = 0, rc;
 
 	memset(&ch, 0, sizeof(ch));
-	if (pay__payment_load(op->pay, NULL, &p, op->rq->caller, pay__str(op->doc, "payment_id")) <
-	        0 ||
-	    !p.found || strcmp(p.channel, "mock") == 0 ||
-	    pay__chan_get(op->pay, p.channel, &ch, &found) < 0 || !found || !ch.base_url[0])
-		goto done; /* the atomic path answers (and reports any store error) */
+	if ((rc = pay__payment_load(op->pay, NULL, &p, op->rq->caller,
+	                            pay__str(op->doc, "payment_id"))) < 0 ||
+	    (p.found && strcmp(p.channel, "mock") != 0 &&
+	     (rc = pay__chan_get(op->pay, p.channel, &ch, &found)) < 0)) {
+		/* The store failed (its deadline passed): answer that now, not after a
+		 * second deadline on the atomic path. */
+		pay__finish(op, rc);
+		on = 1;
+		goto done;
+	}
+	if (!p.found || !found || !ch.base_url[0])
+		goto done; /* the atomic path answers (404 for no payment) */
 	on = 1;
 	pay__op_request(op, "refund", pay__str(op->doc, "refund_request_no"), op->pay->opts.ttl_ms,
 	                1);
