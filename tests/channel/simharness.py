@@ -7,9 +7,11 @@ Merchant)."""
 
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -368,6 +370,63 @@ def check_invariants(sim, server, merchants, within=0.0, **kw):
         raise AssertionError("CHANNEL.md invariants violated:\n  " + "\n  ".join(bad[:40]))
     return True
 
+
+
+def retry_storm(work, send, definite, clients=32, seconds=35.0, pause=(0.02, 0.15)):
+    """clients threads retry the items of work (dicts with "done": None) that
+    have no definite answer yet, picked at random, until every item has one
+    or seconds have passed. send(w, rng) sends w once and returns the
+    response; an OSError is counted and retried 50 ms later. definite(r,
+    code) says whether r (code: its problem code or None) settles w; every
+    answer is appended to w["answers"] and the first definite one becomes
+    w["done"]. A client pauses a random time in pause after an answer that
+    is not definite. Returns (elapsed seconds, {"status code": count},
+    {"status code": first such response})."""
+    lock = threading.Lock()
+    stop = threading.Event()
+    stats = {}
+    samples = {}
+
+    def client(seed):
+        rng = random.Random(seed)
+        while not stop.is_set():
+            with lock:
+                open_ = [w for w in work if w["done"] is None]
+            if not open_:
+                return
+            w = rng.choice(open_)
+            try:
+                r = send(w, rng)
+            except OSError:
+                with lock:
+                    stats["oserror"] = stats.get("oserror", 0) + 1
+                time.sleep(0.05)
+                continue
+            code = (r.json() or {}).get("code") if r.status >= 400 else None
+            settled = definite(r, code)
+            with lock:
+                k = "%d %s" % (r.status, code or "")
+                stats[k] = stats.get(k, 0) + 1
+                samples.setdefault(k, r)
+                w.setdefault("answers", []).append(r)
+                if settled and w["done"] is None:
+                    w["done"] = r
+            if not settled:
+                time.sleep(rng.uniform(*pause))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    while time.monotonic() - t0 < seconds:
+        with lock:
+            if all(w["done"] is not None for w in work):
+                break
+        time.sleep(0.1)
+    stop.set()
+    for t in threads:
+        t.join(30)
+    return time.monotonic() - t0, stats, samples
 
 def metric(server, name, **labels):
     """Sum of the /metrics samples named name whose labels include labels."""

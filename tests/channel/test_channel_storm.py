@@ -8,8 +8,6 @@ Runs on SQLite, or on $IDEM_TEST_DB_URL (tests/fault/http_on.py)."""
 import os
 import random
 import sys
-import threading
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import simharness  # noqa: E402
@@ -49,52 +47,12 @@ class Storm(ChannelCase):
             m = merchants[i % MERCHANTS]
             work.append({"m": m, "key": uid("K"), "body": self.body(m, 100 + 7 * i),
                          "answers": [], "done": None})
-        lock = threading.Lock()
-        stop = threading.Event()
-        stats = {}
-        samples = {}
-
-        def client(seed):
-            r_ = random.Random(seed)
-            while not stop.is_set():
-                with lock:
-                    open_ = [w for w in work if w["done"] is None]
-                if not open_:
-                    return
-                w = r_.choice(open_)
-                try:
-                    r = w["m"].post("/v1/payments", w["body"], key=w["key"], timeout=10)
-                except OSError as e:
-                    with lock:
-                        stats["oserror"] = stats.get("oserror", 0) + 1
-                    time.sleep(0.05)
-                    continue
-                code = (r.json() or {}).get("code") if r.status >= 400 else None
-                with lock:
-                    k = "%d %s" % (r.status, code or "")
-                    stats[k] = stats.get(k, 0) + 1
-                    samples.setdefault(k, r)
-                    w["answers"].append(r)
-                    # 200: a replay of the record the sweeper completed while
-                    # this client was away
-                    if r.status in (200, 201, 402) and w["done"] is None:
-                        w["done"] = r
-                if r.status not in (200, 201, 402):
-                    time.sleep(r_.uniform(0.02, 0.15))
-
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)]
-        t0 = time.monotonic()
-        for t in threads:
-            t.start()
-        while time.monotonic() - t0 < STORM_S:
-            with lock:
-                if all(w["done"] is not None for w in work):
-                    break
-            time.sleep(0.1)
-        stop.set()
-        for t in threads:
-            t.join(30)
-        sys.stderr.write("storm: %.1fs, answers %s\n" % (time.monotonic() - t0, sorted(stats.items())))
+        # 200: a replay of the record the sweeper completed while the client
+        # was away
+        took, stats, samples = simharness.retry_storm(
+            work, lambda w, _rng: w["m"].post("/v1/payments", w["body"], key=w["key"], timeout=10),
+            lambda r, _code: r.status in (200, 201, 402), clients=CLIENTS, seconds=STORM_S)
+        sys.stderr.write("storm: %.1fs, answers %s\n" % (took, sorted(stats.items())))
         for k, r in sorted(samples.items()):
             sys.stderr.write("storm: sample %s: %r\n" % (k, r))
         undone = [w["body"]["merchant_order_no"] for w in work if w["done"] is None]
@@ -155,49 +113,12 @@ class Storm(ChannelCase):
                 work.append({"m": m, "pid": pid, "key": uid("RK"), "done": None, "answers": [],
                              "body": {"refund_request_no": uid("R"), "payment_id": pid,
                                       "amount": amount}})
-        lock = threading.Lock()
-        stop = threading.Event()
-        stats = {}
-
-        def client(seed):
-            r_ = random.Random(seed)
-            while not stop.is_set():
-                with lock:
-                    open_ = [w for w in work if w["done"] is None]
-                if not open_:
-                    return
-                w = r_.choice(open_)
-                try:
-                    r = w["m"].post("/v1/refunds", w["body"], key=w["key"], timeout=10)
-                except OSError:
-                    time.sleep(0.05)
-                    continue
-                code = (r.json() or {}).get("code") if r.status >= 400 else None
-                definite = r.status in (200, 201, 402) or (r.status == 409 and code not in (
-                    "request_in_progress",))
-                with lock:
-                    k = "%d %s" % (r.status, code or "")
-                    stats[k] = stats.get(k, 0) + 1
-                    w["answers"].append(r)
-                    if definite and w["done"] is None:
-                        w["done"] = r
-                if not definite:
-                    time.sleep(r_.uniform(0.02, 0.15))
-
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)]
-        t0 = time.monotonic()
-        for t in threads:
-            t.start()
-        while time.monotonic() - t0 < STORM_S:
-            with lock:
-                if all(w["done"] is not None for w in work):
-                    break
-            time.sleep(0.1)
-        stop.set()
-        for t in threads:
-            t.join(30)
-        sys.stderr.write("refund storm: %.1fs, answers %s\n"
-                         % (time.monotonic() - t0, sorted(stats.items())))
+        took, stats, _samples = simharness.retry_storm(
+            work, lambda w, _rng: w["m"].post("/v1/refunds", w["body"], key=w["key"], timeout=10),
+            lambda r, code: r.status in (200, 201, 402) or (
+                r.status == 409 and code != "request_in_progress"),
+            clients=CLIENTS, seconds=STORM_S)
+        sys.stderr.write("refund storm: %.1fs, answers %s\n" % (took, sorted(stats.items())))
         self.assertEqual([w["body"]["refund_request_no"] for w in work if w["done"] is None], [])
         self.sim.config(faults=[])
         for w in work:

@@ -9,10 +9,8 @@ invariants hold on both, balances exact, one payment row per order number.
 Needs $IDEM_TEST_DB_URL (a server database): skipped (77) on SQLite."""
 
 import os
-import random
 import sys
 import threading
-import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -61,7 +59,7 @@ class TwoIdemd(unittest.TestCase):
         ms = [a.new_merchant() for _ in range(4)]
         work = [{"m": ms[i % 4], "key": uid("K"),
                  "body": ms[i % 4].payment_body(200 + i, "CNY", ch.name), "done": None,
-                 "ids": set()} for i in range(PAYMENTS)]
+                 "answers": []} for i in range(PAYMENTS)]
         # payments whose clients never come back: both sweepers compete for them
         abandoned = []
         faults = self.sim.config()["faults"]
@@ -78,49 +76,24 @@ class TwoIdemd(unittest.TestCase):
                                 if f["call"] != "create"] +
                         [dict((k, v) for k, v in f.items() if k != "applied")
                          for f in faults if f["call"] == "create"])
-        lock = threading.Lock()
-        stop = threading.Event()
         sides = [0, 0]
+        sides_lock = threading.Lock()
 
-        def client(seed):
-            rng = random.Random(seed)
-            while not stop.is_set():
-                with lock:
-                    open_ = [w for w in work if w["done"] is None]
-                if not open_:
-                    return
-                w = rng.choice(open_)
-                side = rng.randrange(2)
-                m = w["m"] if side == 0 else w["m"].on(b)
-                try:
-                    r = m.post("/v1/payments", w["body"], key=w["key"], timeout=10)
-                except OSError:
-                    continue
-                with lock:
-                    sides[side] += 1
-                    # 200: a replay of the record a notification or the sweeper
-                    # completed while the clients were away
-                    if r.status in (200, 201):
-                        w["ids"].add(r.json()["id"])
-                    if r.status in (200, 201, 402) and w["done"] is None:
-                        w["done"] = r
-                if r.status not in (200, 201, 402):
-                    time.sleep(rng.uniform(0.02, 0.1))
+        def send(w, rng):
+            side = rng.randrange(2)
+            with sides_lock:
+                sides[side] += 1
+            return (w["m"] if side == 0 else w["m"].on(b)).post(
+                "/v1/payments", w["body"], key=w["key"], timeout=10)
 
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)]
-        t0 = time.monotonic()
-        for t in threads:
-            t.start()
-        while time.monotonic() - t0 < STORM_S:
-            with lock:
-                if all(w["done"] is not None for w in work):
-                    break
-            time.sleep(0.1)
-        stop.set()
-        for t in threads:
-            t.join(30)
-        sys.stderr.write("two_idemd: %.1fs, requests A %d, B %d\n"
-                         % (time.monotonic() - t0, sides[0], sides[1]))
+        # 200: a replay of the record a notification or the sweeper completed
+        # while the clients were away
+        took, _stats, _samples = simharness.retry_storm(
+            work, send, lambda r, _code: r.status in (200, 201, 402), clients=CLIENTS,
+            seconds=STORM_S, pause=(0.02, 0.1))
+        for w in work:
+            w["ids"] = {r.json()["id"] for r in w["answers"] if r.status in (200, 201)}
+        sys.stderr.write("two_idemd: %.1fs, requests A %d, B %d\n" % (took, sides[0], sides[1]))
         self.assertEqual([w["body"]["merchant_order_no"] for w in work if w["done"] is None], [])
         self.sim.config(faults=[])
         for w in work:
