@@ -17,49 +17,8 @@
 #include "store/mariadb.h"
 #include "support.h"
 
-typedef struct {
-	char *url;
-	idem_store *store;
-	char scope[40];
-} fixture;
-
-static int setup(void **state)
-{
-	*state = calloc(1, sizeof(fixture));
-	return 0;
-}
-
-/* Done in each test body, where skip() works (it does not in a setup). */
-static fixture *open_fixture(void **state, int with_store)
-{
-	fixture *f = *state;
-
-	(void)test_server_admin_url("mariadb");
-	setenv("IDEM_TEST_URL", "mariadb", 1);
-	f->url = test_db_url();
-	if (with_store) {
-		f->store = test_store_open(f->url, NULL);
-		test_scope(f->scope);
-		test_create_work_log(f->store);
-	}
-	return f;
-}
-
-static int teardown(void **state)
-{
-	fixture *f = *state;
-
-	idem_store_close(f->store);
-	if (f->url) {
-		test_db_drop(f->url);
-		free(f->url);
-	}
-	free(f);
-	return 0;
-}
-
 /* A statement on the test's database, outside the store under test. */
-static void direct(const fixture *f, const char *sql)
+static void direct(const test_net_fixture *f, const char *sql)
 {
 	MYSQL *my = idem__mariadb_connect(f->url);
 
@@ -68,12 +27,6 @@ static void direct(const fixture *f, const char *sql)
 	if (mysql_query(my, sql) != 0)
 		fail_msg("%s: %s", sql, mysql_error(my));
 	mysql_close(my);
-}
-
-static int first_int(void *ctx, const idem_value *cols, int n)
-{
-	*(int64_t *)ctx = n > 0 && cols[0].type == IDEM_VAL_INT ? cols[0].i : -1;
-	return 1;
 }
 
 typedef struct {
@@ -95,7 +48,7 @@ static int unit_fn(idem_txn *txn, void *ctx, idem_response *resp)
 	return idem_response_set(resp, 201, "made", 4);
 }
 
-static int run_unit(fixture *f, const char *key, unit *u, idem_result *res)
+static int run_unit(test_net_fixture *f, const char *key, unit *u, idem_result *res)
 {
 	idem_request r = IDEM_REQUEST_INIT;
 	char fp[65];
@@ -113,7 +66,7 @@ static int run_unit(fixture *f, const char *key, unit *u, idem_result *res)
 
 static void urls(void **state)
 {
-	fixture *f = open_fixture(state, 1);
+	test_net_fixture *f = test_net_open(state, "mariadb", 1);
 	const char *bad[] = {
 		"mysql://idem@127.0.0.1:3306",          /* no database */
 		"mysql://idem@127.0.0.1:3306/",         /* empty database */
@@ -130,7 +83,7 @@ static void urls(void **state)
 	idem_store *s = (idem_store *)1;
 	char url[512];
 
-	/* The fixture opened on db-up.sh's URL, whose password needs decoding. */
+	/* The test_net_fixture opened on db-up.sh's URL, whose password needs decoding. */
 	assert_string_equal(idem_store_backend(f->store), "mariadb");
 	assert_non_null(strstr(f->url, "%40"));
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -184,7 +137,7 @@ static int insert_keys(idem_txn *txn, void *ctx)
  */
 static void keys_are_bytes(void **state)
 {
-	fixture *f = open_fixture(state, 1);
+	test_net_fixture *f = test_net_open(state, "mariadb", 1);
 	unit u = {0};
 	idem_result res = {0};
 	int64_t n = -1;
@@ -193,7 +146,7 @@ static void keys_are_bytes(void **state)
 	assert_int_equal(idem_store_query(f->store,
 					  "SELECT count(*) FROM idem_records WHERE scope = 's'"
 					  " AND business_type = 'payment' AND idem_key = ?",
-					  &IDEM_V_TEXT("A1"), 1, first_int, &n),
+					  &IDEM_V_TEXT("A1"), 1, test_first_int, &n),
 			 0);
 	assert_int_equal(n, 1);
 	/* Through the claim path too. */
@@ -212,7 +165,7 @@ static void keys_are_bytes(void **state)
 /* NOT NULL, CHECK and strict-mode failures are errors, never duplicates. */
 static void constraint_errors_are_not_duplicates(void **state)
 {
-	fixture *f = open_fixture(state, 1);
+	test_net_fixture *f = test_net_open(state, "mariadb", 1);
 	unit u = {0};
 	idem_result res = {0};
 	idem_record_info info;
@@ -240,31 +193,6 @@ static void constraint_errors_are_not_duplicates(void **state)
 	assert_int_equal(test_work_count(f->store, f->scope, "K"), 1);
 }
 
-typedef struct {
-	idem_value v[8];
-	int n;
-	unsigned char blob[8];
-	char text[8][32];
-} row_copy;
-
-static int copy_row(void *ctx, const idem_value *cols, int n)
-{
-	row_copy *r = ctx;
-
-	r->n = n;
-	for (int i = 0; i < n && i < 8; i++) {
-		r->v[i] = cols[i];
-		if (cols[i].type == IDEM_VAL_BLOB) {
-			assert_true(cols[i].len <= sizeof(r->blob));
-			memcpy(r->blob, cols[i].p, cols[i].len);
-		} else if (cols[i].type == IDEM_VAL_TEXT) {
-			snprintf(r->text[i], sizeof(r->text[i]), "%.*s", (int)cols[i].len,
-				 (const char *)cols[i].p);
-		}
-	}
-	return 1;
-}
-
 static int make_types(idem_txn *txn, void *ctx)
 {
 	static const unsigned char bytes[] = {'a', 0, 0xff, '?', 'z'};
@@ -281,14 +209,14 @@ static int make_types(idem_txn *txn, void *ctx)
 
 static void value_types(void **state)
 {
-	fixture *f = open_fixture(state, 1);
+	test_net_fixture *f = test_net_open(state, "mariadb", 1);
 	static const unsigned char bytes[] = {'a', 0, 0xff, '?', 'z'};
-	row_copy r = {0};
+	test_row r = {0};
 
 	assert_int_equal(idem_store_transact(f->store, make_types, NULL), 0);
 	assert_int_equal(idem_store_query(f->store,
 					  "SELECT i, t, b, n, sum(i), 'x' FROM typed WHERE t = ?",
-					  &IDEM_V_TEXT("it's ?"), 1, copy_row, &r),
+					  &IDEM_V_TEXT("it's ?"), 1, test_copy_row, &r),
 			 0);
 	assert_int_equal(r.n, 6);
 	assert_int_equal(r.v[0].type, IDEM_VAL_INT);
@@ -327,11 +255,11 @@ static int update_both(idem_txn *txn, void *ctx)
  */
 static void update_sees_old_values(void **state)
 {
-	fixture *f = open_fixture(state, 1);
-	row_copy r = {0};
+	test_net_fixture *f = test_net_open(state, "mariadb", 1);
+	test_row r = {0};
 
 	assert_int_equal(idem_store_transact(f->store, update_both, NULL), 0);
-	assert_int_equal(idem_store_query(f->store, "SELECT a, b FROM acc", NULL, 0, copy_row, &r),
+	assert_int_equal(idem_store_query(f->store, "SELECT a, b FROM acc", NULL, 0, test_copy_row, &r),
 			 0);
 	assert_int_equal(r.v[0].i, 3);
 	assert_string_equal(r.text[1], "full");
@@ -340,7 +268,7 @@ static void update_sees_old_values(void **state)
 /* A migration that died after its DDL but before recording it reruns. */
 static void half_done_migration_reruns(void **state)
 {
-	fixture *f = open_fixture(state, 1);
+	test_net_fixture *f = test_net_open(state, "mariadb", 1);
 	int v = -1;
 
 	idem_store_close(f->store);
@@ -351,7 +279,7 @@ static void half_done_migration_reruns(void **state)
 	assert_int_equal(v, idem_store_schema_latest(f->store));
 }
 
-#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+#define T(fn) cmocka_unit_test_setup_teardown(fn, test_net_setup, test_net_teardown)
 
 int main(void)
 {

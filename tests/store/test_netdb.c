@@ -30,51 +30,6 @@
 
 static const char *backend; /* "postgres" or "mariadb" */
 
-typedef struct {
-	char *url;
-	idem_store *store;
-	char scope[40];
-} fixture;
-
-static int setup(void **state)
-{
-	*state = calloc(1, sizeof(fixture));
-	return 0;
-}
-
-/* Done in each test body, where skip() works (it does not in a setup). */
-static fixture *open_fixture(void **state)
-{
-	fixture *f = *state;
-
-	(void)test_server_admin_url(backend);
-	setenv("IDEM_TEST_URL", backend, 1);
-	f->url = test_db_url();
-	f->store = test_store_open(f->url, NULL);
-	test_scope(f->scope);
-	test_create_work_log(f->store);
-	return f;
-}
-
-static int teardown(void **state)
-{
-	fixture *f = *state;
-
-	idem_store_close(f->store);
-	if (f->url) {
-		test_db_drop(f->url);
-		free(f->url);
-	}
-	free(f);
-	return 0;
-}
-
-static int first_int(void *ctx, const idem_value *cols, int n)
-{
-	*(int64_t *)ctx = n > 0 && cols[0].type == IDEM_VAL_INT ? cols[0].i : -1;
-	return 1;
-}
-
 static int is_pg(void)
 {
 	return strcmp(backend, "postgres") == 0;
@@ -92,7 +47,7 @@ static double now_s(void)
 
 /* A statement on the test's database (PostgreSQL: on the server's admin URL
  * when admin is set), outside the store under test. */
-static void direct(const fixture *f, const char *sql, int admin)
+static void direct(const test_net_fixture *f, const char *sql, int admin)
 {
 	if (is_pg()) {
 		PGconn *pg = PQconnectdb(admin ? test_server_admin_url("postgres") : f->url);
@@ -118,7 +73,7 @@ static void direct(const fixture *f, const char *sql, int admin)
 }
 
 /* Kill session id (pg_backend_pid() / CONNECTION_ID()) from outside. */
-static void kill_session(const fixture *f, int64_t id)
+static void kill_session(const test_net_fixture *f, int64_t id)
 {
 	char sql[128];
 
@@ -130,7 +85,7 @@ static void kill_session(const fixture *f, int64_t id)
 }
 
 /* Kill every session on the test's database (but the killer's). */
-static void kill_all_sessions(const fixture *f)
+static void kill_all_sessions(const test_net_fixture *f)
 {
 	if (is_pg()) {
 		char sql[256];
@@ -182,7 +137,7 @@ typedef struct {
 	const char *sql; /* instead of the work_log insert */
 	const char *scope, *key;
 	int calls;
-	const fixture *kill_self; /* kill our own session half way through */
+	const test_net_fixture *kill_self; /* kill our own session half way through */
 } unit;
 
 static int unit_fn(idem_txn *txn, void *ctx, idem_response *resp)
@@ -198,7 +153,7 @@ static int unit_fn(idem_txn *txn, void *ctx, idem_response *resp)
 	if (u->kill_self) {
 		int64_t id = -1;
 
-		assert_int_equal(idem_txn_query(txn, session_sql(), NULL, 0, first_int, &id), 0);
+		assert_int_equal(idem_txn_query(txn, session_sql(), NULL, 0, test_first_int, &id), 0);
 		kill_session(u->kill_self, id);
 		u->kill_self = NULL;
 		/* The next statement finds the session gone. */
@@ -208,7 +163,7 @@ static int unit_fn(idem_txn *txn, void *ctx, idem_response *resp)
 	return idem_response_set(resp, 201, "made", 4);
 }
 
-static int run_unit(fixture *f, const char *key, unit *u, idem_result *res)
+static int run_unit(test_net_fixture *f, const char *key, unit *u, idem_result *res)
 {
 	idem_request r = IDEM_REQUEST_INIT;
 	char fp[65];
@@ -232,7 +187,7 @@ static int run_unit(fixture *f, const char *key, unit *u, idem_result *res)
  */
 static void numeric_range_is_invalid(void **state)
 {
-	fixture *f = open_fixture(state);
+	test_net_fixture *f = test_net_open(state, backend, 1);
 	unit u = {.sql = "INSERT INTO work_log (scope, k, worker) VALUES ('s', 'x', 3000000000)"};
 	idem_result res = {0};
 	idem_record_info info;
@@ -250,7 +205,7 @@ static void numeric_range_is_invalid(void **state)
 	assert_int_equal(idem_record_get(&info, f->store, f->scope, "payment", "K", 1),
 	                 IDEM_ENOTFOUND);
 	/* In an expression, on a read connection. */
-	rc = idem_store_query(f->store, "SELECT 9223372036854775807 + 1", NULL, 0, first_int, &n);
+	rc = idem_store_query(f->store, "SELECT 9223372036854775807 + 1", NULL, 0, test_first_int, &n);
 	assert_int_equal(rc, IDEM_EINVAL);
 	if (strcmp(backend, "postgres") == 0)
 		assert_string_equal(idem_error_last()->sqlstate, "22003");
@@ -274,24 +229,24 @@ static void numeric_range_is_invalid(void **state)
  */
 static void connection_left_in_transaction_is_dropped(void **state)
 {
-	fixture *f = open_fixture(state);
+	test_net_fixture *f = test_net_open(state, backend, 1);
 	const char *session = session_sql();
 	int64_t before = -1, after = -1, again = -1;
 
 	/* One thread's reads reuse one pooled connection (the last given back). */
-	assert_int_equal(idem_store_query(f->store, session, NULL, 0, first_int, &before), 0);
-	assert_int_equal(idem_store_query(f->store, session, NULL, 0, first_int, &again), 0);
+	assert_int_equal(idem_store_query(f->store, session, NULL, 0, test_first_int, &before), 0);
+	assert_int_equal(idem_store_query(f->store, session, NULL, 0, test_first_int, &again), 0);
 	assert_true(before > 0);
 	assert_int_equal(again, before);
 	assert_int_equal(idem_store_query(f->store, "START TRANSACTION", NULL, 0, NULL, NULL), 0);
-	assert_int_equal(idem_store_query(f->store, session, NULL, 0, first_int, &after), 0);
+	assert_int_equal(idem_store_query(f->store, session, NULL, 0, test_first_int, &after), 0);
 	assert_true(after > 0);
 	assert_int_not_equal(after, before); /* that session was closed, a new one opened */
 	if (strcmp(backend, "mariadb") == 0) {
 		int64_t in = -1;
 
 		assert_int_equal(
-		    idem_store_query(f->store, "SELECT @@in_transaction", NULL, 0, first_int, &in),
+		    idem_store_query(f->store, "SELECT @@in_transaction", NULL, 0, test_first_int, &in),
 		    0);
 		assert_int_equal(in, 0);
 	}
@@ -304,7 +259,7 @@ static void connection_left_in_transaction_is_dropped(void **state)
  */
 static void killed_idle_connections_recover(void **state)
 {
-	fixture *f = open_fixture(state);
+	test_net_fixture *f = test_net_open(state, backend, 1);
 	unit u = {0};
 	idem_result res = {0};
 	int rc;
@@ -336,7 +291,7 @@ static void killed_idle_connections_recover(void **state)
  */
 static void killed_mid_unit_is_unavailable(void **state)
 {
-	fixture *f = open_fixture(state);
+	test_net_fixture *f = test_net_open(state, backend, 1);
 	unit u = {.kill_self = f};
 	idem_result res = {0};
 	idem_record_info info;
@@ -368,7 +323,7 @@ static int sleep_for(idem_txn *txn, void *ctx)
  */
 static void unanswered_call_is_unavailable(void **state)
 {
-	fixture *f = open_fixture(state);
+	test_net_fixture *f = test_net_open(state, backend, 1);
 	idem_store_opts opts = IDEM_STORE_OPTS_INIT;
 	idem_store *s = NULL;
 	unit u = {0};
@@ -397,7 +352,7 @@ static void unanswered_call_is_unavailable(void **state)
  */
 static void request_deadline_bounds_a_statement(void **state)
 {
-	fixture *f = open_fixture(state);
+	test_net_fixture *f = test_net_open(state, backend, 1);
 	idem_store_opts opts = IDEM_STORE_OPTS_INIT;
 	idem_store *s = NULL;
 	int secs = 5;
@@ -437,7 +392,7 @@ static void *hog_reader(void *arg)
  */
 static void ping_does_not_queue_behind_readers(void **state)
 {
-	fixture *f = open_fixture(state);
+	test_net_fixture *f = test_net_open(state, backend, 1);
 	idem_store_opts opts = IDEM_STORE_OPTS_INIT;
 	hog h = {NULL, 4, -1};
 	pthread_t t;
@@ -454,7 +409,7 @@ static void ping_does_not_queue_behind_readers(void **state)
 	assert_true(now_s() - t0 < 1.5); /* the reader is busy for 4 s */
 	assert_int_equal(pthread_join(t, NULL), 0);
 	assert_int_equal(h.rc, 0);
-	assert_int_equal(idem_store_query(h.s, "SELECT 1", NULL, 0, first_int, &one), 0);
+	assert_int_equal(idem_store_query(h.s, "SELECT 1", NULL, 0, test_first_int, &one), 0);
 	assert_int_equal(one, 1);
 	idem_store_close(h.s);
 }
@@ -495,7 +450,7 @@ static void silent_server_fails_by_the_deadline(void **state)
 
 static void newer_schema_is_refused(void **state)
 {
-	fixture *f = open_fixture(state);
+	test_net_fixture *f = test_net_open(state, backend, 1);
 	idem_store *s = (idem_store *)1;
 
 	direct(f, "INSERT INTO idem_schema_version (version, applied_at) VALUES (999, 0)", 0);
@@ -507,7 +462,7 @@ static void newer_schema_is_refused(void **state)
 /* Several processes open (and so migrate) one new database at once. */
 static void migrations_race_across_processes(void **state)
 {
-	fixture *f = *state;
+	test_net_fixture *f = *state;
 	pid_t pids[4];
 	int64_t rows = -1;
 	int v = -1;
@@ -537,12 +492,12 @@ static void migrations_race_across_processes(void **state)
 	assert_int_equal(idem_store_schema_version(f->store, &v), 0);
 	assert_int_equal(v, idem_store_schema_latest(f->store));
 	assert_int_equal(idem_store_query(f->store, "SELECT count(*) FROM idem_schema_version",
-	                                  NULL, 0, first_int, &rows),
+	                                  NULL, 0, test_first_int, &rows),
 	                 0);
 	assert_int_equal(rows, idem_store_schema_latest(f->store));
 }
 
-#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+#define T(fn) cmocka_unit_test_setup_teardown(fn, test_net_setup, test_net_teardown)
 
 int main(int argc, char **argv)
 {

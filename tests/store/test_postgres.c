@@ -13,57 +13,9 @@
 
 #include "support.h"
 
-typedef struct {
-	char *url;
-	idem_store *store;
-	char scope[40];
-} fixture;
-
-static int setup(void **state)
-{
-	fixture *f = calloc(1, sizeof(*f));
-
-	*state = f;
-	return 0;
-}
-
-/* Done in each test body, where skip() works (it does not in a setup). */
-static fixture *open_fixture(void **state)
-{
-	fixture *f = *state;
-	const char *admin = test_server_admin_url("postgres");
-
-	(void)admin;
-	setenv("IDEM_TEST_URL", "postgres", 1);
-	f->url = test_db_url();
-	f->store = test_store_open(f->url, NULL);
-	test_scope(f->scope);
-	test_create_work_log(f->store);
-	return f;
-}
-
-static int teardown(void **state)
-{
-	fixture *f = *state;
-
-	idem_store_close(f->store);
-	if (f->url) {
-		test_db_drop(f->url);
-		free(f->url);
-	}
-	free(f);
-	return 0;
-}
-
-static int first_int(void *ctx, const idem_value *cols, int n)
-{
-	*(int64_t *)ctx = n > 0 && cols[0].type == IDEM_VAL_INT ? cols[0].i : -1;
-	return 1;
-}
-
 static void backend_and_schemes(void **state)
 {
-	fixture *f = open_fixture(state);
+	test_net_fixture *f = test_net_open(state, "postgres", 1);
 	idem_store *s = NULL;
 	char *url = strdup(f->url);
 
@@ -85,31 +37,6 @@ static void backend_and_schemes(void **state)
 	assert_int_equal(idem_store_open(&s, "postgresql://idem@127.0.0.1:1/x", NULL),
 			 IDEM_EUNAVAIL);
 	assert_null(s);
-}
-
-typedef struct {
-	idem_value v[8];
-	int n;
-	unsigned char blob[8];
-	char text[8][32];
-} row_copy;
-
-static int copy_row(void *ctx, const idem_value *cols, int n)
-{
-	row_copy *r = ctx;
-
-	r->n = n;
-	for (int i = 0; i < n && i < 8; i++) {
-		r->v[i] = cols[i];
-		if (cols[i].type == IDEM_VAL_BLOB) {
-			assert_true(cols[i].len <= sizeof(r->blob));
-			memcpy(r->blob, cols[i].p, cols[i].len);
-		} else if (cols[i].type == IDEM_VAL_TEXT) {
-			snprintf(r->text[i], sizeof(r->text[i]), "%.*s", (int)cols[i].len,
-				 (const char *)cols[i].p);
-		}
-	}
-	return 1;
 }
 
 static int make_types(idem_txn *txn, void *ctx)
@@ -134,15 +61,15 @@ static int make_types(idem_txn *txn, void *ctx)
 
 static void placeholders_and_types(void **state)
 {
-	fixture *f = open_fixture(state);
+	test_net_fixture *f = test_net_open(state, "postgres", 1);
 	static const unsigned char bytes[] = {'a', 0, 0xff, '?', 'z'};
-	row_copy r = {0};
+	test_row r = {0};
 
 	assert_int_equal(idem_store_transact(f->store, make_types, NULL), 0);
 	assert_int_equal(idem_store_query(f->store,
 					  "SELECT i, t, b, n, note, i + 1, sum(i) OVER (), true"
 					  " FROM typed WHERE t = ? AND note = 'really?'",
-					  &IDEM_V_TEXT("it's ?"), 1, copy_row, &r),
+					  &IDEM_V_TEXT("it's ?"), 1, test_copy_row, &r),
 			 0);
 	assert_int_equal(r.n, 8);
 	assert_int_equal(r.v[0].type, IDEM_VAL_INT);
@@ -196,7 +123,7 @@ static int conflict_then_continue(idem_txn *txn, void *ctx)
 	assert_string_equal(idem_error_last()->sqlstate, "42P01");
 	if ((rc = idem_txn_exec(txn, "INSERT INTO orders (no) VALUES ('o2')", NULL, 0, NULL)) < 0)
 		return rc;
-	if ((rc = idem_txn_query(txn, "SELECT count(*) FROM orders", NULL, 0, first_int, &n)) < 0)
+	if ((rc = idem_txn_query(txn, "SELECT count(*) FROM orders", NULL, 0, test_first_int, &n)) < 0)
 		return rc;
 	assert_int_equal(n, 2);
 	return 0;
@@ -210,19 +137,19 @@ static int insert_o1(idem_txn *txn, void *ctx)
 
 static void failed_statement_keeps_transaction(void **state)
 {
-	fixture *f = open_fixture(state);
+	test_net_fixture *f = test_net_open(state, "postgres", 1);
 	int64_t n = 0;
 
 	assert_int_equal(idem_store_transact(f->store, make_uniq, NULL), 0);
 	assert_int_equal(idem_store_transact(f->store, insert_o1, NULL), 0);
 	assert_int_equal(idem_store_transact(f->store, conflict_then_continue, NULL), 0);
 	assert_int_equal(idem_store_query(f->store, "SELECT count(*) FROM orders", NULL, 0,
-					  first_int, &n),
+					  test_first_int, &n),
 			 0);
 	assert_int_equal(n, 2);
 }
 
-#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+#define T(fn) cmocka_unit_test_setup_teardown(fn, test_net_setup, test_net_teardown)
 
 int main(void)
 {

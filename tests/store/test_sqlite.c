@@ -25,12 +25,6 @@ static int first_text(void *ctx, const idem_value *cols, int n)
 	return 1;
 }
 
-static int first_int(void *ctx, const idem_value *cols, int n)
-{
-	*(int64_t *)ctx = n > 0 ? cols[0].i : -1;
-	return 1;
-}
-
 static void durable_by_default(void **state)
 {
 	char *url = test_db_url();
@@ -42,14 +36,14 @@ static void durable_by_default(void **state)
 	assert_string_equal(idem_store_backend(store), "sqlite");
 	assert_int_equal(idem_store_query(store, "PRAGMA journal_mode", NULL, 0, first_text, mode), 0);
 	assert_string_equal(mode, "wal");
-	assert_int_equal(idem_store_query(store, "PRAGMA synchronous", NULL, 0, first_int, &sync), 0);
+	assert_int_equal(idem_store_query(store, "PRAGMA synchronous", NULL, 0, test_first_int, &sync), 0);
 	assert_int_equal(sync, 2); /* FULL */
 	idem_store_close(store);
 
 	idem_store_opts opts = IDEM_STORE_OPTS_INIT;
 	opts.synchronous_full = 0;
 	assert_int_equal(idem_store_open(&store, url, &opts), 0);
-	assert_int_equal(idem_store_query(store, "PRAGMA synchronous", NULL, 0, first_int, &sync), 0);
+	assert_int_equal(idem_store_query(store, "PRAGMA synchronous", NULL, 0, test_first_int, &sync), 0);
 	assert_int_equal(sync, 1); /* NORMAL, only when asked */
 	idem_store_close(store);
 	test_db_drop(url);
@@ -237,7 +231,7 @@ static void migrations_race_across_processes(void **state)
 	assert_int_equal(idem_store_schema_version(store, &v), 0);
 	assert_int_equal(v, idem_store_schema_latest(store));
 	assert_int_equal(idem_store_query(store, "SELECT count(*) FROM idem_schema_version", NULL,
-					  0, first_int, &rows),
+					  0, test_first_int, &rows),
 			 0);
 	assert_int_equal(rows, idem_store_schema_latest(store));
 	idem_store_close(store);

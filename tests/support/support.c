@@ -278,3 +278,61 @@ void test_fp(char out[65], const char *json)
 {
 	assert_int_equal(idem_fingerprint(out, "POST", "/v1/test", json, strlen(json)), 0);
 }
+
+int test_net_setup(void **state)
+{
+	*state = calloc(1, sizeof(test_net_fixture));
+	return *state ? 0 : -1;
+}
+
+test_net_fixture *test_net_open(void **state, const char *backend, int with_store)
+{
+	test_net_fixture *f = *state;
+
+	(void)test_server_admin_url(backend);
+	setenv("IDEM_TEST_URL", backend, 1);
+	f->url = test_db_url();
+	if (with_store) {
+		f->store = test_store_open(f->url, NULL);
+		test_scope(f->scope);
+		test_create_work_log(f->store);
+	}
+	return f;
+}
+
+int test_net_teardown(void **state)
+{
+	test_net_fixture *f = *state;
+
+	idem_store_close(f->store);
+	if (f->url) {
+		test_db_drop(f->url);
+		free(f->url);
+	}
+	free(f);
+	return 0;
+}
+
+int test_first_int(void *ctx, const idem_value *cols, int n)
+{
+	*(int64_t *)ctx = n > 0 && cols[0].type == IDEM_VAL_INT ? cols[0].i : -1;
+	return 1;
+}
+
+int test_copy_row(void *ctx, const idem_value *cols, int n)
+{
+	test_row *r = ctx;
+
+	r->n = n;
+	for (int i = 0; i < n && i < 8; i++) {
+		r->v[i] = cols[i];
+		if (cols[i].type == IDEM_VAL_BLOB) {
+			assert_true(cols[i].len <= sizeof(r->blob));
+			memcpy(r->blob, cols[i].p, cols[i].len);
+		} else if (cols[i].type == IDEM_VAL_TEXT) {
+			snprintf(r->text[i], sizeof(r->text[i]), "%.*s", (int)cols[i].len,
+				 (const char *)cols[i].p);
+		}
+	}
+	return 1;
+}

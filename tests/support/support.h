@@ -57,4 +57,35 @@ int64_t test_work_count(idem_store *store, const char *scope, const char *key);
 /* Fingerprint of a small JSON body for POST /v1/test. */
 void test_fp(char out[65], const char *json);
 
+/*
+ * The fixture of the server-backend suites (tests/store): a throwaway
+ * database on backend's server ("postgres", "mariadb"), a store on it, a
+ * scope and the work_log table. test_net_setup / test_net_teardown are
+ * cmocka's setup and teardown; test_net_open is called in the test body,
+ * where skip() works (it does not in a setup), and skips without the server.
+ * with_store 0: only the database URL, no store.
+ */
+typedef struct {
+	char *url;
+	idem_store *store;
+	char scope[40];
+} test_net_fixture;
+
+int test_net_setup(void **state);
+int test_net_teardown(void **state);
+test_net_fixture *test_net_open(void **state, const char *backend, int with_store);
+
+/* A row callback: *(int64_t *)ctx = the first column when an integer, else -1. */
+int test_first_int(void *ctx, const idem_value *cols, int n);
+
+/* A row callback keeping a copy of up to 8 columns (text and blobs short). */
+typedef struct {
+	idem_value v[8];
+	int n;
+	unsigned char blob[8];
+	char text[8][32];
+} test_row;
+
+int test_copy_row(void *ctx, const idem_value *cols, int n);
+
 #endif
