@@ -153,7 +153,8 @@ static int unit_fn(idem_txn *txn, void *ctx, idem_response *resp)
 	if (u->kill_self) {
 		int64_t id = -1;
 
-		assert_int_equal(idem_txn_query(txn, session_sql(), NULL, 0, test_first_int, &id), 0);
+		assert_int_equal(idem_txn_query(txn, session_sql(), NULL, 0, test_first_int, &id),
+		                 0);
 		kill_session(u->kill_self, id);
 		u->kill_self = NULL;
 		/* The next statement finds the session gone. */
@@ -205,7 +206,8 @@ static void numeric_range_is_invalid(void **state)
 	assert_int_equal(idem_record_get(&info, f->store, f->scope, "payment", "K", 1),
 	                 IDEM_ENOTFOUND);
 	/* In an expression, on a read connection. */
-	rc = idem_store_query(f->store, "SELECT 9223372036854775807 + 1", NULL, 0, test_first_int, &n);
+	rc = idem_store_query(f->store, "SELECT 9223372036854775807 + 1", NULL, 0, test_first_int,
+	                      &n);
 	assert_int_equal(rc, IDEM_EINVAL);
 	if (strcmp(backend, "postgres") == 0)
 		assert_string_equal(idem_error_last()->sqlstate, "22003");
@@ -245,9 +247,9 @@ static void connection_left_in_transaction_is_dropped(void **state)
 	if (strcmp(backend, "mariadb") == 0) {
 		int64_t in = -1;
 
-		assert_int_equal(
-		    idem_store_query(f->store, "SELECT @@in_transaction", NULL, 0, test_first_int, &in),
-		    0);
+		assert_int_equal(idem_store_query(f->store, "SELECT @@in_transaction", NULL, 0,
+		                                  test_first_int, &in),
+		                 0);
 		assert_int_equal(in, 0);
 	}
 }
