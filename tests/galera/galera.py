@@ -163,6 +163,8 @@ class Setup:
     def close(self):
         bad = []
         for s in self.servers:
+            if os.environ.get("IDEM_TEST_KEEP"):
+                note("idemd log kept: %s" % s.log_path)
             rc = s.stop()
             if rc != 0:
                 bad.append("idemd did not exit 0 on SIGTERM (rc=%r)\n%s" % (rc, s.log_tail()))
