@@ -39,6 +39,8 @@ def note(msg):
 def preflight():
     """Skip (exit 77) or fail in CI when idemd or the Galera binaries are absent."""
     dbserver.require_idemd()
+    if os.environ.get("IDEM_TEST_GALERA_SKIP"):
+        dbserver.skip_or_fail(os.environ["IDEM_TEST_GALERA_SKIP"])
     if os.environ.get("IDEM_TEST_GALERA_STATE"):
         return
     for need in ("/usr/sbin/mariadbd", "/usr/lib/galera/libgalera_smm.so"):
