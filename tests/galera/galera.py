@@ -152,6 +152,8 @@ class Setup:
     """A fresh database on the cluster and one idemd per node."""
 
     def __init__(self, cluster, args=("--threads", "8")):
+        # IDEM_GALERA_IDEMD_ARGS: more idemd options, e.g. "--batch-max 1".
+        args = list(args) + os.environ.get("IDEM_GALERA_IDEMD_ARGS", "").split()
         self.cluster = cluster
         cluster.heal()
         self.db = dbserver.Database(cluster.urls[0], "g")
