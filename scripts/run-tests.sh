@@ -10,10 +10,24 @@
 # saying so, never a silent skip; IDEM_TEST_ALLOW_SKIP=1 runs what can run
 # and lets those suites report "skipped" (never under CI). Servers a developer
 # started by hand (IDEM_TEST_DB_STATE exported from db-up.sh) are reused.
+#
+# The Galera suite (tests/galera, label galera) needs a 3-node cluster: it is
+# started (scripts/galera-up.sh 3) only when the selection holds a galera_
+# test, and always stopped at the end (scripts/galera-down.sh), like the
+# servers above; one exported by hand (IDEM_TEST_GALERA_STATE) is reused.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:?usage: run-tests.sh BUILD_DIR [ctest args]}
 shift
+
+own_db=
+own_galera=
+cleanup() {
+  if [ -n "$own_galera" ]; then "$here/galera-down.sh" "$own_galera" || true; fi
+  if [ -n "$own_db" ]; then "$here/db-down.sh" "$own_db" || true; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
 
 if [ -z "${IDEM_TEST_DB_STATE:-}" ]; then
   db_env=$("$here/db-up.sh") || {
@@ -21,8 +35,7 @@ if [ -z "${IDEM_TEST_DB_STATE:-}" ]; then
     exit 1
   }
   eval "$db_env"
-  trap '"$here/db-down.sh" "$IDEM_TEST_DB_STATE"' EXIT
-  trap 'exit 130' INT TERM
+  own_db=$IDEM_TEST_DB_STATE
 fi
 absent=()
 [ -n "${IDEM_TEST_PG_URL:-}" ] || absent+=(PostgreSQL)
@@ -37,6 +50,22 @@ if [ ${#absent[@]} -gt 0 ]; then
   echo "run-tests.sh: no ${absent[*]} server: their suites are skipped (IDEM_TEST_ALLOW_SKIP=1)" >&2
 fi
 export IDEM_TEST_PG_URL IDEM_TEST_MARIADB_URL
+
+selected=$(cd "$build" && ctest -N "$@" 2>/dev/null) || selected=
+if [ -z "${IDEM_TEST_GALERA_STATE:-}" ] && grep -q ' galera_' <<<"$selected"; then
+  if galera_env=$("$here/galera-up.sh" 3); then
+    eval "$galera_env"
+    own_galera=$IDEM_TEST_GALERA_STATE
+    export IDEM_TEST_GALERA_STATE IDEM_TEST_GALERA_URLS
+  elif [ -n "${CI:-}" ] || [ "${IDEM_TEST_ALLOW_SKIP:-0}" != 1 ]; then
+    echo "run-tests.sh: could not start the Galera test cluster (see above);" >&2
+    echo "run-tests.sh: scripts/deps.sh --all installs galera-4 and rsync." >&2
+    exit 1
+  else
+    echo "run-tests.sh: no Galera cluster: the galera suite skips (IDEM_TEST_ALLOW_SKIP=1)" >&2
+    export IDEM_TEST_GALERA_SKIP="run-tests.sh could not start the Galera cluster"
+  fi
+fi
 
 cd "$build"
 jobs=$(nproc 2>/dev/null || echo 2)

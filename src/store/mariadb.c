@@ -39,6 +39,7 @@
 #include <sys/socket.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "store/mariadb.h"
 #include "store/netdb.h"
@@ -52,6 +53,9 @@
 #define IO_MARGIN_S 10
 /* The longest a connect may take, deadline or not. */
 #define CONNECT_TIMEOUT_S 10
+/* A statement of a unit unanswered this long: ask the server whether it is
+ * working on it at all (lost_statement), then again every as long. */
+#define PROBE_MS 1000
 
 typedef struct conn conn;
 
@@ -60,7 +64,11 @@ struct conn {
 	idem__netconn base;
 	MYSQL *my;
 	int io_timeout_ms;     /* one call's bound without a deadline */
+	int64_t call_start_us; /* when the call in progress started */
 	int64_t call_until_us; /* the bound of the call in progress */
+	int in_unit;           /* a START TRANSACTION of the core's is open */
+	int read_write;        /* READ WRITE outside transactions: drop after the unit */
+	int lost;              /* the server dropped the call in progress */
 	int ncache;
 	struct {
 		char *sql;
@@ -98,6 +106,13 @@ static int classify(conn *c, unsigned int err, const char *state, const char *ms
 {
 	int code;
 
+	if (c->lost)
+		return idem__error_driver(strcmp(what, "commit") == 0 ? IDEM_EUNAVAIL : IDEM_ERETRY,
+					  ER_LOCK_DEADLOCK, "40001",
+					  "mariadb: %s: the server dropped the statement of a "
+					  "transaction it had rolled back (a Galera brute-force "
+					  "abort); connection dropped",
+					  what);
 	if (c->base.timed_out)
 		return idem__error_driver(IDEM_EUNAVAIL, CR_SERVER_LOST, "HY000",
 					  "mariadb: %s: the server did not answer before the "
@@ -112,6 +127,13 @@ static int classify(conn *c, unsigned int err, const char *state, const char *ms
 		break;
 	case ER_LOCK_DEADLOCK:      /* 1213: the transaction was rolled back (also Galera) */
 	case ER_LOCK_WAIT_TIMEOUT:  /* 1205 */
+		code = IDEM_ERETRY;
+		break;
+	case ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION: /* 1792 */
+		/* A pooled session is READ ONLY outside START TRANSACTION READ WRITE
+		 * (drv_connect): a write refused so ran after the unit's transaction
+		 * was rolled back under it. Nothing was written; retry afresh. */
+		c->base.broken = 1;
 		code = IDEM_ERETRY;
 		break;
 	case ER_BAD_NULL_ERROR:           /* 1048 */
@@ -173,11 +195,15 @@ static int fail_stmt(conn *c, MYSQL_STMT *st, err_ctx ctx, const char *what)
 
 /* ---- waiting for the server ----------------------------------------- */
 
+static int lost_statement(conn *c, int64_t waited_ms);
+
 /* Start bounding one call on c: its I/O bound, cut to the deadline. */
 static void arm(conn *c, int bound_ms)
 {
-	int64_t until = idem__clock_monotonic_us() + (int64_t)bound_ms * 1000;
+	int64_t now = idem__clock_monotonic_us(), until = now + (int64_t)bound_ms * 1000;
 
+	c->call_start_us = now;
+	c->lost = 0;
 	c->call_until_us = c->base.deadline_us > 0 && c->base.deadline_us < until ? c->base.deadline_us : until;
 }
 
@@ -189,7 +215,7 @@ static void arm(conn *c, int bound_ms)
 static int wait_io(conn *c, int status)
 {
 	struct pollfd pfd = {mysql_get_socket(c->my), 0, 0};
-	int64_t lib_until = 0;
+	int64_t lib_until = 0, probe_at = 0;
 
 	if (status & MYSQL_WAIT_READ)
 		pfd.events |= POLLIN;
@@ -200,8 +226,12 @@ static int wait_io(conn *c, int status)
 	if (status & MYSQL_WAIT_TIMEOUT)
 		lib_until = idem__clock_monotonic_us() +
 			    (int64_t)mysql_get_timeout_value_ms(c->my) * 1000;
+	/* A unit's statement waiting for its answer is checked on now and then
+	 * (lost_statement says why). */
+	if (c->in_unit && (status & MYSQL_WAIT_READ) && c->call_start_us > 0)
+		probe_at = c->call_start_us + (int64_t)PROBE_MS * 1000;
 	for (;;) {
-		int left = idem__net_wait_ms(c->call_until_us, 0), lib = -1, n, ev = 0;
+		int left = idem__net_wait_ms(c->call_until_us, 0), lib = -1, n, ev = 0, probe = -1;
 
 		if (left == 0) {
 			/* Abandoned mid-call: shut the socket now, so that nothing the
@@ -214,6 +244,20 @@ static int wait_io(conn *c, int status)
 		}
 		if (lib_until)
 			lib = idem__net_wait_ms(lib_until, 0);
+		if (probe_at && (probe = idem__net_wait_ms(probe_at, 0)) == 0) {
+			int64_t now = idem__clock_monotonic_us();
+
+			if (lost_statement(c, (now - c->call_start_us) / 1000)) {
+				c->base.broken = c->lost = 1;
+				if (pfd.fd >= 0)
+					shutdown(pfd.fd, SHUT_RDWR);
+				return 0;
+			}
+			probe_at = now + (int64_t)PROBE_MS * 1000;
+			continue;
+		}
+		if (probe > 0 && probe < left && (lib < 0 || probe < lib))
+			left = probe;
 		n = poll(&pfd, pfd.fd >= 0 ? 1 : 0, lib >= 0 && lib < left ? lib : left);
 		if (n < 0 && errno != EINTR) {
 			c->base.broken = 1;
@@ -252,7 +296,7 @@ static int nb_query(conn *c, const char *sql, unsigned long len)
 
 	arm(c, c->io_timeout_ms);
 	NB_RUN(c, ret, mysql_real_query_start(&ret, c->my, sql, len), mysql_real_query_cont, c->my);
-	return c->base.timed_out ? 1 : ret;
+	return c->base.timed_out || c->lost ? 1 : ret;
 }
 
 static MYSQL_RES *nb_store_result(conn *c)
@@ -261,7 +305,7 @@ static MYSQL_RES *nb_store_result(conn *c)
 
 	arm(c, c->io_timeout_ms);
 	NB_RUN(c, ret, mysql_store_result_start(&ret, c->my), mysql_store_result_cont, c->my);
-	return c->base.timed_out ? NULL : ret;
+	return c->base.timed_out || c->lost ? NULL : ret;
 }
 
 static int nb_stmt_prepare(conn *c, MYSQL_STMT *st, const char *sql, unsigned long len)
@@ -270,7 +314,7 @@ static int nb_stmt_prepare(conn *c, MYSQL_STMT *st, const char *sql, unsigned lo
 
 	arm(c, c->io_timeout_ms);
 	NB_RUN(c, ret, mysql_stmt_prepare_start(&ret, st, sql, len), mysql_stmt_prepare_cont, st);
-	return c->base.timed_out ? 1 : ret;
+	return c->base.timed_out || c->lost ? 1 : ret;
 }
 
 static int nb_stmt_execute(conn *c, MYSQL_STMT *st)
@@ -279,7 +323,7 @@ static int nb_stmt_execute(conn *c, MYSQL_STMT *st)
 
 	arm(c, c->io_timeout_ms);
 	NB_RUN(c, ret, mysql_stmt_execute_start(&ret, st), mysql_stmt_execute_cont, st);
-	return c->base.timed_out ? 1 : ret;
+	return c->base.timed_out || c->lost ? 1 : ret;
 }
 
 static int nb_stmt_store_result(conn *c, MYSQL_STMT *st)
@@ -288,7 +332,7 @@ static int nb_stmt_store_result(conn *c, MYSQL_STMT *st)
 
 	arm(c, c->io_timeout_ms);
 	NB_RUN(c, ret, mysql_stmt_store_result_start(&ret, st), mysql_stmt_store_result_cont, st);
-	return c->base.timed_out ? 1 : ret;
+	return c->base.timed_out || c->lost ? 1 : ret;
 }
 
 /* ---- statements ------------------------------------------------------ */
@@ -566,9 +610,96 @@ static int simple(conn *c, const char *sql, const char *what)
 	/* Drain a result set if there is one (SELECT GET_LOCK ...). */
 	if ((res = nb_store_result(c)))
 		mysql_free_result(res);
-	else if (c->base.timed_out || mysql_field_count(c->my) != 0)
+	else if (c->base.timed_out || c->lost || mysql_field_count(c->my) != 0)
 		return fail_conn(c, CTX_PLAIN, what);
 	return 0;
+}
+
+/* The server's status flags say a transaction is open on c. */
+static int in_transaction(conn *c)
+{
+	unsigned int status = 0;
+
+	if (mariadb_get_infov(c->my, MARIADB_CONNECTION_SERVER_STATUS, &status) != 0)
+		return 1; /* cannot tell: treat it as out of step */
+	return (status & SERVER_STATUS_IN_TRANS) != 0;
+}
+
+/*
+ * After a statement of a unit succeeded: is the unit's transaction still
+ * open? On Galera a replicated write set that wins certification rolls back
+ * a local transaction holding its rows (a brute-force abort) at any moment,
+ * also between two statements, and MariaDB 10.11 does not always report
+ * that to the next statement as 1213: a prepared statement sent while the
+ * abort is under way has been seen to run without the transaction (its
+ * reads miss the unit's own rows: "refund ... vanished", "lease taken
+ * over"), and a write then is refused by the session's READ ONLY default
+ * (1792). The server's status flags, in every OK and EOF packet, tell:
+ * the transaction is gone, so is everything the unit did, and it is
+ * retried from the start on a new connection.
+ */
+static int unit_gone(conn *c, const char *what)
+{
+	if (!c->in_unit || in_transaction(c))
+		return 0;
+	c->base.broken = 1;
+	c->in_unit = 0;
+	return idem__error_driver(IDEM_ERETRY, ER_LOCK_DEADLOCK, "40001",
+				  "mariadb: %s: the transaction was rolled back under it (a "
+				  "Galera brute-force abort); connection dropped",
+				  what);
+}
+
+static int row_int(void *ctx, const idem_value *cols, int n)
+{
+	if (n >= 1 && cols[0].type == IDEM_VAL_INT)
+		*(int64_t *)ctx = cols[0].i;
+	return 1;
+}
+
+/*
+ * Has the server dropped c's statement, unanswered for waited_ms? On Galera,
+ * a prepared statement that arrives while a brute-force abort of its
+ * transaction is under way can be consumed without an answer (seen on
+ * MariaDB 10.11: the server's session idle, the socket drained, the client
+ * waiting for a reply until its deadline, units queued behind it shed).
+ * Asked on the ping's own connection: 1 when the server shows c's session
+ * idle (Sleep, or Killed by the abort) since before the statement was sent,
+ * which no statement at work, waiting on a lock or on the cluster, ever
+ * shows; 0 when it is at work or the question cannot be answered now.
+ */
+static int lost_statement(conn *c, int64_t waited_ms)
+{
+	static const char sql[] =
+		"SELECT CASE WHEN command IN ('Sleep', 'Killed') AND time_ms >= ? THEN 1 ELSE 0 END"
+		" FROM information_schema.processlist WHERE id = ?";
+	idem__backend *be = c->base.txn.be;
+	idem__netconn *pc = NULL;
+	int64_t idle = 0;
+	int fresh = 0;
+
+	if (!be || c->base.pool == &be->ppool || !c->my)
+		return 0;
+	if (idem__net_take(be, IDEM__NET_PING,
+			   idem__clock_monotonic_us() + (int64_t)IDEM__NET_PING_MS * 1000, &pc,
+			   &fresh) < 0)
+		return 0;
+	{
+		idem_value p[2] = {IDEM_V_INT(waited_ms > 200 ? waited_ms - 200 : 0),
+				   IDEM_V_INT((int64_t)mysql_thread_id(c->my))};
+
+		if (run((conn *)(void *)pc, sql, p, 2, row_int, &idle, NULL, NULL, CTX_PLAIN) < 0)
+			idle = 0;
+	}
+	idem__net_give(be, pc);
+	if (idle == 1) {
+		/* An answer that came in meanwhile is still to be read. */
+		struct pollfd pfd = {mysql_get_socket(c->my), POLLIN, 0};
+
+		if (poll(&pfd, 1, 0) > 0)
+			return 0;
+	}
+	return idle == 1;
 }
 
 /* ---- URLs ------------------------------------------------------------ */
@@ -755,6 +886,7 @@ static void conn_close(conn *c)
 	c->my = NULL;
 	c->base.broken = 0;
 	c->base.timed_out = 0;
+	c->in_unit = c->lost = c->read_write = 0;
 }
 
 static int conn_open(idem__backend *be, conn *c)
@@ -822,21 +954,24 @@ static int conn_open(idem__backend *be, conn *c)
 	return 0;
 }
 
-
-/* The server's status flags say a transaction is open on c. */
-static int in_transaction(conn *c)
-{
-	unsigned int status = 0;
-
-	if (mariadb_get_infov(c->my, MARIADB_CONNECTION_SERVER_STATUS, &status) != 0)
-		return 1; /* cannot tell: treat it as out of step */
-	return (status & SERVER_STATUS_IN_TRANS) != 0;
-}
 /* ---- the driver (netdb.h) -------------------------------------------- */
 
-static int drv_connect(idem__backend *be, idem__netconn *c)
+/*
+ * A pooled session is READ ONLY outside the core's transactions (begin_sql
+ * says READ WRITE): should a statement of a unit ever run after its
+ * transaction was rolled back under it (unit_gone), a write is refused
+ * (1792) instead of being committed alone, outside the unit.
+ */
+static int drv_connect(idem__backend *be, idem__netconn *nc)
 {
-	return conn_open(be, (conn *)(void *)c);
+	conn *c = (conn *)(void *)nc;
+	int rc;
+
+	if ((rc = conn_open(be, c)) < 0)
+		return rc;
+	if ((rc = simple(c, "SET SESSION TRANSACTION READ ONLY", "session setup")) < 0)
+		conn_close(c);
+	return rc;
 }
 
 static void drv_disconnect(idem__netconn *c)
@@ -849,28 +984,80 @@ static int drv_in_transaction(idem__netconn *c)
 	return in_transaction((conn *)(void *)c);
 }
 
-static int drv_simple(idem__netconn *c, const char *sql, const char *what)
+static int drv_simple(idem__netconn *nc, const char *sql, const char *what)
 {
-	return simple((conn *)(void *)c, sql, what);
+	conn *c = (conn *)(void *)nc;
+	int rc = simple(c, sql, what);
+
+	if (rc == 0 && strcmp(what, "begin") == 0)
+		c->in_unit = 1;
+	else if (rc == 0)
+		rc = unit_gone(c, what);
+	return rc;
+}
+
+/* DDL: MariaDB commits the transaction before and after it. */
+static int is_ddl(const char *sql)
+{
+	static const char *const verbs[] = {"CREATE", "ALTER", "DROP", "RENAME", "TRUNCATE"};
+
+	while (*sql == ' ' || *sql == '\t' || *sql == '\n' || *sql == '(')
+		sql++;
+	for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++) {
+		size_t n = strlen(verbs[i]);
+
+		if (strncasecmp(sql, verbs[i], n) == 0 &&
+		    (sql[n] == ' ' || sql[n] == '\t' || sql[n] == '\n'))
+			return 1;
+	}
+	return 0;
 }
 
 /* InnoDB rolls back only the failed statement: no savepoint per statement. */
-static int drv_run(idem__netconn *c, const char *sql, const idem_value *params, int n,
+static int drv_run(idem__netconn *nc, const char *sql, const idem_value *params, int n,
 		   idem_row_fn fn, void *ctx, int64_t *changes)
 {
-	return run((conn *)(void *)c, sql, params, n, fn, ctx, changes, NULL, CTX_BUSINESS);
+	conn *c = (conn *)(void *)nc;
+	int rc;
+
+	/* DDL inside a unit ends its transaction (implicit commit), and what
+	 * follows runs in autocommit, as MariaDB has it: that needs READ WRITE
+	 * outside transactions, so this session is dropped after the unit. */
+	if (c->in_unit && is_ddl(sql)) {
+		if ((rc = simple(c, "SET SESSION TRANSACTION READ WRITE", "session setup")) < 0)
+			return rc;
+		c->in_unit = 0;
+		c->read_write = 1;
+	}
+	rc = run(c, sql, params, n, fn, ctx, changes, NULL, CTX_BUSINESS);
+	return rc == 0 ? unit_gone(c, "statement") : rc;
 }
 
 /* 1213 at COMMIT is a Galera certification conflict: retryable. A lost
  * connection leaves the outcome unknown: unavailable. */
-static int drv_commit(idem__netconn *c)
+static int drv_commit(idem__netconn *nc)
 {
-	return simple((conn *)(void *)c, "COMMIT", "commit");
+	conn *c = (conn *)(void *)nc;
+	int rc;
+
+	/* A COMMIT without the transaction would commit nothing and succeed. */
+	if ((rc = unit_gone(c, "commit")) < 0)
+		return rc;
+	c->in_unit = 0;
+	rc = simple(c, "COMMIT", "commit");
+	if (c->read_write)
+		c->base.broken = 1;
+	return rc;
 }
 
-static int drv_rollback(idem__netconn *c)
+static int drv_rollback(idem__netconn *nc)
 {
-	return nb_query((conn *)(void *)c, "ROLLBACK", 8);
+	conn *c = (conn *)(void *)nc;
+
+	c->in_unit = 0;
+	if (c->read_write)
+		c->base.broken = 1;
+	return nb_query(c, "ROLLBACK", 8);
 }
 
 /*
@@ -908,7 +1095,7 @@ static const idem__netdb_driver my_driver = {
 	.rollback = drv_rollback,
 	.savepoint_failed = drv_savepoint_failed,
 	.state_free = url_free,
-	.begin_sql = "START TRANSACTION",
+	.begin_sql = "START TRANSACTION READ WRITE",
 	.version_sql = "SELECT count(*) FROM information_schema.tables"
 		       " WHERE table_schema = DATABASE() AND table_name = 'idem_schema_version'",
 	.purge_sql = idem__my_purge_sql,
@@ -930,6 +1117,10 @@ static int my_migrate(idem__backend *be, int *version_out)
 	if ((rc = idem__net_take(be, IDEM__NET_WRITER, idem__backend_deadline(), &nc, &fresh)) < 0)
 		return rc;
 	c = (conn *)(void *)nc;
+	/* Migrations write outside a transaction: this session alone is READ
+	 * WRITE, and dropped afterwards (below), never pooled so. */
+	if ((rc = simple(c, "SET SESSION TRANSACTION READ WRITE", "session setup")) < 0)
+		goto out;
 	/* GET_LOCK serialises migrating processes; it is released when the
 	 * connection ends too, so a crashed migrator never blocks the next. */
 	if ((rc = run(c, "SELECT GET_LOCK(" MIGRATE_LOCK ", 60)", NULL, 0, idem_row_int, &got, NULL,
@@ -969,6 +1160,7 @@ out:
 	if (locked && !c->base.broken &&
 	    simple(c, "DO RELEASE_LOCK(" MIGRATE_LOCK ")", "unlock") < 0 && rc == 0)
 		c->base.broken = 1; /* the lock must not outlive this call: drop the session */
+	c->base.broken = 1;         /* and READ WRITE must not be pooled */
 	idem__net_give(be, nc);
 	return rc;
 }
@@ -1047,6 +1239,8 @@ static int my_rec_insert(idem_txn *txn, const idem__key *k, idem__record *rec)
 	int64_t id = 0;
 	int rc = run(conn_of(txn), sql, p, 10, NULL, NULL, NULL, &id, CTX_CLAIM);
 
+	if (rc == 0)
+		rc = unit_gone(conn_of(txn), "claim");
 	if (rc == 0)
 		rec->id = id;
 	return rc;

@@ -39,6 +39,8 @@ def note(msg):
 def preflight():
     """Skip (exit 77) or fail in CI when idemd or the Galera binaries are absent."""
     dbserver.require_idemd()
+    if os.environ.get("IDEM_TEST_GALERA_SKIP"):
+        dbserver.skip_or_fail(os.environ["IDEM_TEST_GALERA_SKIP"])
     if os.environ.get("IDEM_TEST_GALERA_STATE"):
         return
     for need in ("/usr/sbin/mariadbd", "/usr/lib/galera/libgalera_smm.so"):
@@ -150,6 +152,8 @@ class Setup:
     """A fresh database on the cluster and one idemd per node."""
 
     def __init__(self, cluster, args=("--threads", "8")):
+        # IDEM_GALERA_IDEMD_ARGS: more idemd options, e.g. "--batch-max 1".
+        args = list(args) + os.environ.get("IDEM_GALERA_IDEMD_ARGS", "").split()
         self.cluster = cluster
         cluster.heal()
         self.db = dbserver.Database(cluster.urls[0], "g")
@@ -163,6 +167,8 @@ class Setup:
     def close(self):
         bad = []
         for s in self.servers:
+            if os.environ.get("IDEM_TEST_KEEP"):
+                note("idemd log kept: %s" % s.log_path)
             rc = s.stop()
             if rc != 0:
                 bad.append("idemd did not exit 0 on SIGTERM (rc=%r)\n%s" % (rc, s.log_tail()))
@@ -230,3 +236,153 @@ def ledger_sql(db):
         " GROUP BY merchant_id")}
     assert bal == led, "balances differ from their ledger sums: %r vs %r" % (bal, led)
     return bal
+
+
+# ---- steady traffic across the instances ---------------------------------------
+
+class Traffic:
+    """workers threads, each running logical operations one after the other
+    until stop(): a payment (an Idempotency-Key), then its SUCCESS
+    notification, each sent as two copies at once that start on two
+    different instances and fail over with call(). Every answer goes to
+    self.answers; self.acked holds what the client saw acknowledged:
+    (merchant, order, amount, payment id, notified). A logical operation
+    whose copies end in different resources, or in anything but 201 / 200,
+    is a wrong answer (self.wrong)."""
+
+    def __init__(self, setup, merchants, channel, insts=None, workers=4, per_call=90):
+        self.setup = setup
+        self.ms = merchants
+        self.ch = channel
+        self.insts = list(range(len(setup.servers))) if insts is None else insts
+        self.workers = workers
+        self.per_call = per_call
+        self.answers = Answers()
+        self.acked = []
+        self.wrong = []
+        self.unfinished = []
+        self.lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = []
+        self.on = {s: {m.id: m.on(setup.servers[s]) for m in merchants}
+                   for s in range(len(setup.servers))}
+        self.chan = {s: harness.Channel(setup.servers[s], channel.name, channel.secret)
+                     for s in range(len(setup.servers))}
+
+    def _pair(self, first, fn):
+        """Two copies of fn at once, starting on insts[first] and the next."""
+        out = [None, None]
+        deadline = time.monotonic() + self.per_call
+
+        def one(j):
+            out[j] = call(self.answers, self.insts, first + j, fn, deadline)
+        ts = [threading.Thread(target=one, args=(j,), daemon=True) for j in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(self.per_call + 30)
+        return out
+
+    def _work(self, w):
+        n = 0
+        while not self._stop.is_set():
+            m = self.ms[(w + n) % len(self.ms)]
+            amount = 100 + 7 * w + n
+            body = m.payment_body(amount, "CNY", self.ch.name)
+            key = harness.uid("GK")
+            rs = self._pair(w + n, lambda i: self.on[self.insts[i]][m.id].post(
+                "/v1/payments", body, key=key))
+            n += 1
+            if any(r is None for r in rs):
+                with self.lock:
+                    self.unfinished.append(("payment", body["merchant_order_no"]))
+                continue
+            ids = {r.json().get("id") if r.status == 201 else None for r in rs}
+            if [r.status for r in rs] != [201, 201] or len(ids) != 1:
+                with self.lock:
+                    self.wrong.append(("payment", [(r.status, r.body[:200]) for r in rs]))
+                continue
+            pid = ids.pop()
+            nb = harness.dumps(self.ch.body(pid, amount, "SUCCESS", harness.uid("N")))
+            rs = self._pair(w + n, lambda i: self.chan[self.insts[i]].post(nb))
+            notified = all(r is not None for r in rs)
+            if notified and [(r.status, r.json()) for r in rs] != \
+                    [(200, {"result": "success"})] * 2:
+                with self.lock:
+                    self.wrong.append(("notification", [(r.status, r.body[:200]) for r in rs]))
+                continue
+            with self.lock:
+                self.acked.append((m, body["merchant_order_no"], amount, pid, notified))
+                if not notified:
+                    self.unfinished.append(("notification", pid))
+
+    def start(self):
+        for w in range(self.workers):
+            t = threading.Thread(target=self._work, args=(w,), daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def stop(self):
+        self._stop.set()
+        for t in self._threads:
+            t.join(self.per_call + 60)
+        assert not any(t.is_alive() for t in self._threads), "traffic did not stop"
+
+    def successes(self, insts, since, until=None):
+        """Completion times of the 2xx answers from insts in [since, until)."""
+        with self.answers.lock:
+            return sorted(r[0] for r in self.answers.rows if r[1] in insts and
+                          isinstance(r[2], int) and 200 <= r[2] < 300 and r[0] >= since and
+                          (until is None or r[0] < until))
+
+    def expected(self):
+        out = {m.id: 0 for m in self.ms}
+        for m, _order, amount, _pid, notified in self.acked:
+            if notified:
+                out[m.id] += amount
+        return out
+
+
+def longest_gap(times, start, end):
+    """The longest stretch in [start, end] without any of times."""
+    last, gap = start, 0.0
+    for t in times:
+        if t < start or t > end:
+            continue
+        gap = max(gap, t - last)
+        last = t
+    return max(gap, end - last)
+
+
+def check_exactly_once(tc, cluster, setup, traffic):
+    """On every node, in SQL: each acknowledged order is one payment, the
+    number of payments is the number of logical payments acknowledged, and
+    every balance equals its ledger sum and the client's total; the same
+    balances through every instance's API."""
+    expected = traffic.expected()
+    ids = ",".join("'%s'" % m.id for m in traffic.ms)
+    for side in range(cluster.n):
+        db = dbserver.with_db(cluster.urls[side], setup.db.name)
+        rows = dbserver.sql(db, "SELECT merchant_id, merchant_order_no, count(*) FROM payments"
+                            " GROUP BY merchant_id, merchant_order_no HAVING count(*) > 1")
+        tc.assertEqual(rows, [], "node %d: order numbers with two payments" % (side + 1))
+        n = int(dbserver.sql(db, "SELECT count(*) FROM payments WHERE merchant_id IN (%s)"
+                             % ids)[0][0])
+        tc.assertEqual(n, len(traffic.acked), "node %d: payments in SQL vs acknowledged"
+                       % (side + 1))
+        credits = int(dbserver.sql(db, "SELECT count(*) FROM ledger_entries WHERE"
+                                   " merchant_id IN (%s)" % ids)[0][0])
+        tc.assertEqual(credits, sum(1 for a in traffic.acked if a[4]),
+                       "node %d: ledger entries vs acknowledged notifications" % (side + 1))
+
+        class _Db:
+            def sql(self, q, db=db):
+                return dbserver.sql(db, q)
+        got = ledger_sql(_Db())
+        tc.assertEqual({k: got.get(k, 0) for k in expected}, expected,
+                       "node %d: balances differ from the client's totals" % (side + 1))
+    for s in range(len(setup.servers)):
+        for m in traffic.ms:
+            tc.assertEqual(m.on(setup.servers[s]).balance("CNY"), expected[m.id],
+                           "balance of %s through instance %d" % (m.id, s + 1))
