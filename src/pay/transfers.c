@@ -116,7 +116,7 @@ static int transfer_work(idem_txn *txn, void *vctx, idem_response *resp)
 		if (!fits)
 			return pay__overflow_problem(resp);
 	}
-	if ((rc = pay__new_id(t.id, "tr_")) < 0)
+	if ((rc = pay__new_id(t.id, "tr_", c->pay->shard)) < 0)
 		return rc;
 	{
 		idem_value v[8] = {IDEM_V_TEXT(t.id),  IDEM_V_TEXT(no),    IDEM_V_TEXT(from),
@@ -148,12 +148,13 @@ static const pay__field transfer_fields[] = {
 void idem_pay_transfer_async(idem_pay *pay, const idem_pay_request *rq, idem_done_fn done,
                              void *done_ctx)
 {
-	pay__op *c = pay__op_new(pay, rq, done, done_ctx);
+	pay__op *c;
 	const char *no, *to;
 	idem_result *out;
-	int rc;
+	int rc, shard = 0, found = 0;
 
-	if (!c)
+	if (!(pay = pay__route_async(pay, rq->caller, done, done_ctx)) ||
+	    !(c = pay__op_new(pay, rq, done, done_ctx)))
 		return;
 	out = &c->res;
 	if ((rc = pay__parse_request(&c->doc, out, rq, transfer_fields,
@@ -167,6 +168,14 @@ void idem_pay_transfer_async(idem_pay *pay, const idem_pay_request *rq, idem_don
 	/* The one check a field table cannot say: the payee is someone else. */
 	if (strcmp(to, rq->caller) == 0)
 		rc = pay__reject(out, 400, "invalid_request", "'to_merchant' cannot be the sender");
+	else if (pay->router && (rc = pay__dir_lookup(pay->router, to, &shard, &found)) < 0)
+		; /* the directory is unreadable: 503, nothing claimed */
+	else if (found && shard != pay->shard)
+		/* Both ledgers in one transaction is what a transfer is here; across
+		 * shards that cannot be, so it is refused before any claim, whole. */
+		rc = pay__reject(out, 422, "cross_shard_transfer",
+		                 "the payee lives on another shard; transfers between shards are"
+		                 " not supported yet (docs/api-notes.md)");
 	else if ((rc = pay__fingerprint(c->fp, rq, c->doc)) == 0) {
 		pay__start(c, "transfer", no, pay->opts.ttl_ms, transfer_work, NULL, 1);
 		return;

@@ -202,8 +202,21 @@ static const char *const migration_4[] = {
     NULL,
 };
 
+/* 5: the shard directory: see schema_sqlite.c. Rerunnable (IF NOT EXISTS,
+ * INSERT IGNORE). */
+static const char *const migration_5[] = {
+    "CREATE TABLE IF NOT EXISTS merchant_shards ("
+    " merchant_id VARCHAR(64) NOT NULL PRIMARY KEY,"
+    " shard INT NOT NULL CHECK (shard BETWEEN 0 AND 999),"
+    " created_at BIGINT NOT NULL"
+    ")" PAY_TABLE,
+    "INSERT IGNORE INTO merchant_shards (merchant_id, shard, created_at)"
+    " SELECT id, 0, created_at FROM merchants",
+    NULL,
+};
+
 const char *const *const idem__my_migrations[] = {migration_1, migration_2, migration_3,
-                                                  migration_4};
+                                                  migration_4, migration_5};
 
 _Static_assert(sizeof(idem__my_migrations) / sizeof(idem__my_migrations[0]) ==
                    IDEM__MY_SCHEMA_LATEST,

@@ -165,6 +165,14 @@ const char *const idem__pg_migrations[] = {
     " holder TEXT NOT NULL,"
     " lease_until BIGINT NOT NULL"
     ");",
+    /* 5: the shard directory: see schema_sqlite.c. */
+    "CREATE TABLE merchant_shards ("
+    " merchant_id TEXT COLLATE \"C\" PRIMARY KEY,"
+    " shard INTEGER NOT NULL CHECK (shard BETWEEN 0 AND 999),"
+    " created_at BIGINT NOT NULL"
+    ");"
+    "INSERT INTO merchant_shards (merchant_id, shard, created_at)"
+    " SELECT id, 0, created_at FROM merchants;",
 };
 
 _Static_assert(sizeof(idem__pg_migrations) / sizeof(idem__pg_migrations[0]) ==

@@ -198,6 +198,17 @@ const char *const idem__sqlite_migrations[] = {
     " holder TEXT NOT NULL,"
     " lease_until INTEGER NOT NULL"
     ");",
+
+    /* 5: the shard directory (docs/scaling.md, Sharding): which shard each
+     * merchant lives on, read on shard 0 only. A merchant never moves, so
+     * the rows are written once; the ones that exist already live here. */
+    "CREATE TABLE merchant_shards ("
+    " merchant_id TEXT PRIMARY KEY,"
+    " shard INTEGER NOT NULL CHECK (shard BETWEEN 0 AND 999),"
+    " created_at INTEGER NOT NULL"
+    ");"
+    "INSERT INTO merchant_shards (merchant_id, shard, created_at)"
+    " SELECT id, 0, created_at FROM merchants;",
 };
 
 _Static_assert(sizeof(idem__sqlite_migrations) / sizeof(idem__sqlite_migrations[0]) ==
