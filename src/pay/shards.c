@@ -378,7 +378,7 @@ int idem_pay_open_shards(idem_pay **out, idem_store *const *stores, int n,
                          const idem_pay_opts *opts)
 {
 	idem_pay *r = NULL;
-	int rc;
+	int rc, version = 0;
 
 	*out = NULL;
 	if (!stores || n < 1 || n > 1000)
@@ -408,7 +408,10 @@ int idem_pay_open_shards(idem_pay **out, idem_store *const *stores, int n,
 		s->shard = i;
 		r->shards[r->nshards++] = s;
 	}
-	if ((rc = pay__channels_sync(r, NULL)) < 0) {
+	/* Channels to a shard added since (not before the stores are migrated:
+	 * `idemctl migrate` opens them as they are). */
+	if (idem_store_schema_version(stores[0], &version) == 0 &&
+	    version >= idem_store_schema_latest(stores[0]) && (rc = pay__channels_sync(r, NULL)) < 0) {
 		idem_pay_close(r);
 		return rc;
 	}

@@ -28,7 +28,8 @@ static void usage(FILE *f)
 	    "\n"
 	    "options (environment fallback in brackets):\n"
 	    "  --listen HOST:PORT        address to listen on [IDEM_LISTEN] (127.0.0.1:8080)\n"
-	    "  --db URL                  store URL [IDEM_DB] (sqlite:idem.db)\n"
+	    "  --db URL                  store URL [IDEM_DB] (sqlite:idem.db); given again,\n"
+	    "                            one shard each, in order (docs/scaling.md)\n"
 	    "  --threads N               HTTP worker threads [IDEM_THREADS] (8)\n"
 	    "  --idempotency-ttl DUR     record retention, e.g. 24h, 30m, 90s "
 	    "[IDEM_IDEMPOTENCY_TTL] (24h)\n"
@@ -148,6 +149,11 @@ typedef enum {
 	OPT_REQUEST_DEADLINE,
 } opt_id;
 
+/* --db given again: shards 1.. (cfg.db is shard 0), docs/scaling.md "Sharding". */
+#define MAX_SHARDS 64
+static char shard_db[MAX_SHARDS][1024];
+static int nshard_db; /* --db flags seen: the first replaces IDEM_DB, the next add shards */
+
 /* --secret-key-file: kept here, read once the store is open. */
 static char secret_key_file[4096];
 /* --request-timeout-ms: the store's per-request deadline (idem_store_opts). */
@@ -191,7 +197,17 @@ static int apply(server_config *c, opt_id id, const char *v, const char *from)
 	case OPT_LISTEN:
 		bad = snprintf(c->listen, sizeof(c->listen), "%s", v) >= (int)sizeof(c->listen);
 		break;
-	case OPT_DB: bad = snprintf(c->db, sizeof(c->db), "%s", v) >= (int)sizeof(c->db); break;
+	case OPT_DB:
+		if (strcmp(from, "IDEM_DB") == 0 || nshard_db == 0)
+			bad = snprintf(c->db, sizeof(c->db), "%s", v) >= (int)sizeof(c->db);
+		else if (nshard_db >= MAX_SHARDS)
+			bad = 1;
+		else
+			bad = snprintf(shard_db[nshard_db], sizeof(shard_db[0]), "%s", v) >=
+			      (int)sizeof(shard_db[0]);
+		if (strcmp(from, "IDEM_DB") != 0)
+			nshard_db++;
+		break;
 	case OPT_THREADS: bad = parse_int(v, 1, 256, &c->threads); break;
 	case OPT_TTL: bad = parse_duration_ms(v, &c->ttl_ms); break;
 	case OPT_LOG_FORMAT:
@@ -353,7 +369,9 @@ int main(int argc, char **argv)
 	idem_pay_opts po = IDEM_PAY_OPTS_INIT;
 	server_state st = {0};
 	http_server *http = NULL;
-	idem_stats_flusher *stats = NULL;
+	idem_stats_flusher *stats[MAX_SHARDS] = {NULL};
+	idem_store *stores[MAX_SHARDS] = {NULL};
+	int nstores = nshard_db > 1 ? nshard_db : 1;
 	sigset_t sigs;
 	char err[256];
 	int rc, sig = 0, exit_code = 1;
@@ -390,11 +408,15 @@ int main(int argc, char **argv)
 	so.cache_bytes = (size_t)cfg.cache_mb << 20;
 	so.cache_entries = (size_t)cfg.cache_entries;
 	so.default_ttl_ms = cfg.ttl_ms;
-	if ((rc = idem_store_open(&st.store, cfg.db, &so)) < 0) {
-		log_msg("error", "cannot open store: %s: %s", idem_strerror(rc),
-		        idem_error_last()->message);
-		goto done;
-	}
+	nstores = nshard_db > 1 ? nshard_db : 1;
+	/* Shard i is the i-th --db; a store of its own each (schema migrated). */
+	for (int i = 0; i < nstores; i++)
+		if ((rc = idem_store_open(&stores[i], i == 0 ? cfg.db : shard_db[i], &so)) < 0) {
+			log_msg("error", "cannot open store%s: %s: %s", i ? " (shard)" : "",
+			        idem_strerror(rc), idem_error_last()->message);
+			goto done;
+		}
+	st.store = stores[0]; /* /healthz and /metrics read shard 0's */
 	po.ttl_ms = cfg.ttl_ms;
 	po.mock_channel_delay_ms = cfg.mock_channel_delay_ms;
 	po.channel_workers = cfg.channel_workers;
@@ -402,7 +424,7 @@ int main(int argc, char **argv)
 	if (!cfg.public_url[0])
 		snprintf(cfg.public_url, sizeof(cfg.public_url), "http://%s", cfg.listen);
 	po.public_url = cfg.public_url;
-	if ((rc = idem_pay_open(&st.pay, st.store, &po)) < 0) {
+	if ((rc = idem_pay_open_shards(&st.pay, stores, nstores, &po)) < 0) {
 		log_msg("error", "cannot start: %s", idem_error_last()->message);
 		goto done;
 	}
@@ -416,8 +438,9 @@ int main(int argc, char **argv)
 	}
 	/* Outcome counters go to the store every few seconds, so that
 	 * `idemctl stats` sees every instance (never a write per request). */
-	if (idem_stats_flusher_start(&stats, st.store, NULL) < 0)
-		log_msg("warn", "stats flusher not started: %s", idem_error_last()->message);
+	for (int i = 0; i < nstores; i++)
+		if (idem_stats_flusher_start(&stats[i], stores[i], NULL) < 0)
+			log_msg("warn", "stats flusher not started: %s", idem_error_last()->message);
 	st.cfg = &cfg;
 	if (http_start(&http, &st, err, sizeof(err)) < 0) {
 		log_msg("error", "%s", err);
@@ -425,10 +448,13 @@ int main(int argc, char **argv)
 	}
 	log_msg("info",
 	        "idemd %s listening on %s (port %d), store %s, %d threads, ttl %llds, batch %d, "
-	        "cache %d MiB%s",
+	        "cache %d MiB%s%s",
 	        IDEM_VERSION, cfg.listen, http_port(http), idem_store_backend(st.store),
 	        cfg.threads, (long long)(cfg.ttl_ms / 1000), cfg.batch_max, cfg.cache_mb,
-	        cfg.synchronous_full ? "" : ", synchronous=NORMAL");
+	        cfg.synchronous_full ? "" : ", synchronous=NORMAL",
+	        nstores > 1 ? ", sharded" : "");
+	if (nstores > 1)
+		log_msg("info", "%d shards by merchant (docs/scaling.md)", nstores);
 	if (sigwait(&sigs, &sig) != 0)
 		sig = 0;
 	log_msg("info", "signal %d: finishing in-flight requests", sig);
@@ -445,9 +471,11 @@ int main(int argc, char **argv)
 	exit_code = 0;
 done:
 	http_stop(http, 0);
-	idem_stats_flusher_stop(stats); /* a last flush after the last request */
+	for (int i = 0; i < nstores; i++) /* a last flush after the last request */
+		idem_stats_flusher_stop(stats[i]);
 	idem_pay_close(st.pay);
-	idem_store_close(st.store);
+	for (int i = 0; i < nstores; i++)
+		idem_store_close(stores[i]);
 	if (exit_code == 0)
 		log_msg("info", "stopped");
 	return exit_code;
