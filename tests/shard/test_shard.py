@@ -1,0 +1,381 @@
+"""Sharding by merchant (docs/scaling.md, "Sharding"): one idemd over three
+stores given as three --db, black box over HTTP and idemctl.
+
+    python3 tests/shard/test_shard.py sqlite|postgres|mixed
+
+sqlite: three SQLite files; postgres: three databases created on the test
+server ($IDEM_TEST_PG_URL, else a private one); mixed: SQLite + PostgreSQL +
+MariaDB. A fourth store (same kind as shard 0) is added for the "shards can be
+added" check. Python 3 standard library only.
+"""
+
+import contextlib
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "http"))
+sys.path.insert(0, os.path.join(HERE, "..", "fault"))
+import harness  # noqa: E402
+from harness import uid  # noqa: E402
+
+SET = sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("-") else "sqlite"
+if len(sys.argv) > 1 and sys.argv[1] == SET:
+    del sys.argv[1]
+
+
+def shard_of(merchant_id, n):
+    """The documented function: SHA-256(id), first 8 bytes big-endian, mod n."""
+    return int.from_bytes(hashlib.sha256(merchant_id.encode()).digest()[:8], "big") % n
+
+
+def id_shard(an_id):
+    """The shard an id names: "<prefix>_s<3 digits>..." or shard 0."""
+    rest = an_id.split("_", 1)[1]
+    if rest[0] == "s" and rest[1:4].isdigit():
+        return int(rest[1:4])
+    return 0
+
+
+class Stores:
+    """Four store URLs of the set (the fourth added later), cleaned up at exit."""
+
+    def __init__(self, kind):
+        self.stack = contextlib.ExitStack()
+        self.tmp = tempfile.mkdtemp(prefix="idem-shard-")
+        self.urls = []
+        try:
+            self._make(kind)
+        except BaseException:
+            self.close()
+            raise
+
+    def _sqlite(self, i):
+        return "sqlite:" + os.path.join(self.tmp, "shard%d.db" % i)
+
+    def _server_db(self, backend):
+        import dbserver
+        admin = self.stack.enter_context(dbserver.server_for(backend))
+        db = dbserver.Database(admin, "s")
+        self.stack.callback(db.drop)
+        return db.url
+
+    def _make(self, kind):
+        if kind == "sqlite":
+            self.urls = [self._sqlite(i) for i in range(4)]
+        elif kind == "postgres":
+            self.urls = [self._server_db("postgres") for _ in range(4)]
+        elif kind == "mixed":
+            self.urls = [self._sqlite(0), self._server_db("postgres"),
+                         self._server_db("mariadb"), self._sqlite(3)]
+        else:
+            raise SystemExit("unknown shard set %r" % kind)
+
+    def close(self):
+        self.stack.close()
+        if not os.environ.get("IDEM_TEST_KEEP"):
+            import shutil
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def db_args(urls):
+    out = []
+    for u in urls:
+        out += ["--db", u]
+    return out
+
+
+class ShardServer(harness.Server):
+    """idemd over several --db; idemctl is given the same list."""
+
+    def __init__(self, urls, extra_args=(), tmpdir=None):
+        super().__init__(list(db_args(urls[1:])) + list(extra_args), db_url=urls[0],
+                         tmpdir=tmpdir)
+        self.urls = list(urls)
+
+    def idemctl(self, *args):
+        return idemctl(self.urls, *args)
+
+    def new_merchant(self, name=None):
+        d = json.loads(self.idemctl("merchant", "add", name or uid("merchant"), "--json"))
+        m = harness.Merchant(self, d["merchant_id"], d["api_key"])
+        m.shard = d["shard"]
+        return m
+
+
+def idemctl(urls, *args, check=True):
+    argv = [harness.idemctl_path()] + db_args(urls) + list(args)
+    p = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+    if check and p.returncode != 0:
+        raise RuntimeError("%s failed (%d): %s %s" % (" ".join(argv), p.returncode,
+                                                      p.stdout.decode(errors="replace"),
+                                                      p.stderr.decode(errors="replace")))
+    return p.stdout.decode()
+
+
+class ShardTest(harness.TestCase):
+    stores = None
+
+    @classmethod
+    def setUpClass(cls):
+        cls.stores = Stores(SET)
+        cls.urls = cls.stores.urls[:3]
+        # idemctl migrates every shard (the stores start empty).
+        out = json.loads(idemctl(cls.urls, "migrate", "--json"))
+        assert out["up_to_date"], out
+        cls.server = ShardServer(cls.urls, ["--sweep-interval-ms", "0"])
+        try:
+            cls.server.start()
+            cls.chan = cls.server.new_channel()
+            # Merchants until every shard has two.
+            cls.by_shard = {0: [], 1: [], 2: []}
+            cls.all = []
+            for _ in range(60):
+                m = cls.server.new_merchant()
+                cls.all.append(m)
+                cls.by_shard[m.shard].append(m)
+                if all(len(v) >= 2 for v in cls.by_shard.values()):
+                    break
+        except Exception:
+            cls.server.stop()
+            cls.server.cleanup()
+            cls.stores.close()
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        try:
+            if cls.server.proc and cls.server.proc.poll() is None:
+                cls.server.stop_checked()
+        finally:
+            cls.server.cleanup()
+            cls.stores.close()
+
+    # -- helpers
+    def pay(self, m, amount=1000, key=None, order=None):
+        r = m.post("/v1/payments", m.payment_body(amount, channel=self.chan.name, order=order),
+                   key=key)
+        self.assertFirst(r)
+        return r.json()
+
+    def paid(self, m, amount=1000):
+        p = self.pay(m, amount)
+        r = self.chan.notify(p["id"], amount)
+        self.assertStatus(r, 200)
+        self.assertEqual(m.payment(p["id"])["status"], "succeeded")
+        return p
+
+    # -- the tests
+    def test_a_spread_by_the_documented_function(self):
+        for m in self.all:
+            self.assertEqual(m.shard, shard_of(m.id, 3), m.id)
+        self.assertTrue(all(len(v) >= 2 for v in self.by_shard.values()), self.by_shard)
+        # Key ids name their shard, shard 0's keep the one-store form.
+        for m in self.all:
+            key_id = m.api_key.split("_")[1]
+            self.assertEqual(len(key_id), 16)
+            if m.shard:
+                self.assertEqual(key_id[:4], "s%03d" % m.shard)
+            else:
+                self.assertNotEqual(key_id[0], "s")
+
+    def test_b_every_route_on_every_shard(self):
+        for shard, ms in self.by_shard.items():
+            a, b = ms[0], ms[1]
+            p = self.paid(a, 5000)
+            self.assertEqual(id_shard(p["id"]), shard, p["id"])
+            self.assertEqual(len(p["id"]), len("pay_") + 32)
+            # reads
+            self.assertEqual(a.payment(p["id"])["amount"], 5000)
+            r = a.get("/v1/payments?merchant_order_no=" + p["merchant_order_no"])
+            self.assertStatus(r, 200)
+            self.assertEqual(r.json()["id"], p["id"])
+            self.assertEqual(a.balance(), 5000)
+            # refund
+            key = uid("RF")
+            r = a.post("/v1/refunds", {"refund_request_no": key, "payment_id": p["id"],
+                                       "amount": 1000})
+            self.assertFirst(r)
+            self.assertEqual(id_shard(r.json()["id"]), shard)
+            self.assertEqual(a.balance(), 4000)
+            r2 = a.post("/v1/refunds", {"refund_request_no": key, "payment_id": p["id"],
+                                        "amount": 1000})
+            self.assertReplayOf(r2, r, 201)
+            # the stored record
+            self.assertStatus(a.record("refund", key), 200)
+            # transfer on the same shard
+            r = a.post("/v1/transfers", {"transfer_no": uid("TR"), "to_merchant": b.id,
+                                         "amount": 1500, "currency": "CNY"})
+            self.assertFirst(r)
+            self.assertEqual(id_shard(r.json()["id"]), shard)
+            self.assertEqual(a.balance(), 2500)
+            self.assertEqual(b.balance(), 1500)
+            # a transfer to another shard: refused whole, nothing moved or stored
+            other = self.by_shard[(shard + 1) % 3][0]
+            no = uid("TX")
+            r = a.post("/v1/transfers", {"transfer_no": no, "to_merchant": other.id,
+                                         "amount": 100, "currency": "CNY"})
+            self.assertProblem(r, 422, "cross_shard_transfer")
+            self.assertEqual(a.balance(), 2500)
+            self.assertNoRecord(a, "transfer", no)
+            # an unknown payee is still a 404
+            r = a.post("/v1/transfers", {"transfer_no": uid("TU"), "to_merchant": "m_nobody",
+                                         "amount": 100, "currency": "CNY"})
+            self.assertProblem(r, 404, "unknown_merchant")
+
+    def test_c_duplicate_storm_across_shards(self):
+        work = []
+        for m in self.all[:9]:
+            work.append((m, m.payment_body(700, channel=self.chan.name), uid("K")))
+        results = {}
+        lock = threading.Lock()
+
+        def fire(m, body, key):
+            r = m.post("/v1/payments", body, key=key)
+            with lock:
+                results.setdefault(key, []).append(r)
+
+        threads = [threading.Thread(target=fire, args=w) for w in work for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        ids = {}
+        for m, body, key in work:
+            rs = results[key]
+            firsts = [r for r in rs if r.status == 201 and not r.replayed]
+            self.assertEqual(len(firsts), 1, rs)
+            for r in rs:
+                self.assertIn(r.status, (201, 409), r)
+                if r.status == 201:
+                    self.assertEqual(r.json()["id"], firsts[0].json()["id"])
+            ids[key] = firsts[0].json()["id"]
+            self.assertEqual(id_shard(ids[key]), m.shard)
+        # The same notification many times, concurrently: one credit each.
+        before = {m.id: m.balance() for m, _, _ in work}
+        nthreads = []
+        for m, body, key in work:
+            nb = self.chan.body(ids[key], 700)
+            for _ in range(4):
+                nthreads.append(threading.Thread(target=self.chan.post, args=(nb,)))
+        for t in nthreads:
+            t.start()
+        for t in nthreads:
+            t.join(60)
+        for m, body, key in work:
+            self.assertEqual(m.payment(ids[key])["status"], "succeeded")
+            self.assertEqual(m.balance() - before[m.id], 700, m.id)
+
+    def test_d_tenant_isolation_across_shards(self):
+        a = self.by_shard[0][0]
+        for shard in (1, 2):
+            b = self.by_shard[shard][0]
+            p = self.paid(b, 300)
+            self.assertProblem(a.get("/v1/payments/" + p["id"]), 404, "not_found")
+            r = a.get("/v1/payments?merchant_order_no=" + p["merchant_order_no"])
+            self.assertProblem(r, 404, "not_found")
+            r = a.post("/v1/refunds", {"refund_request_no": uid("X"), "payment_id": p["id"],
+                                       "amount": 100})
+            self.assertEqual(r.status, 404, r)
+            self.assertEqual(b.payment(p["id"])["refunded_amount"], 0)
+        # a key whose id names a shard that does not exist, or a wrong secret
+        r = harness.http_request(self.server.port, "GET", "/v1/balance",
+                                 headers={"Authorization": "Bearer sk_s009" + "0" * 12 + "_"
+                                          + "0" * 48})
+        self.assertProblem(r, 401, "unauthorized")
+        m = self.by_shard[2][0]
+        bad = m.api_key[:-4] + ("0000" if not m.api_key.endswith("0000") else "1111")
+        r = harness.http_request(self.server.port, "GET", "/v1/balance",
+                                 headers={"Authorization": "Bearer " + bad})
+        self.assertProblem(r, 401, "unauthorized")
+
+    def test_e_notification_reaches_the_right_shard(self):
+        for shard in (0, 1, 2):
+            m = self.by_shard[shard][1]
+            p = self.pay(m, 900)
+            before = m.balance()
+            r = self.chan.notify(p["id"], 900)
+            self.assertStatus(r, 200)
+            self.assertEqual(m.balance() - before, 900)
+            # an id of this shard that does not exist: 404 from that shard
+            r = self.chan.notify(p["id"][:-4] + "ffff", 900)
+            self.assertEqual(r.status, 404, r)
+
+    def test_f_rotated_key_keeps_its_shard(self):
+        m = self.by_shard[1][0]
+        d = json.loads(self.server.idemctl("merchant", "rotate-key", m.id, "--json"))
+        self.assertEqual(d["api_key"].split("_")[1][:4], "s001")
+        m.api_key = d["api_key"]  # the other tests go on with the new key
+        self.assertIsInstance(m.balance(), int)
+        # (the old key works on in idemd for its auth cache's 10 s, as on one store)
+
+    def test_g_merchants_stay_put_when_a_shard_is_added(self):
+        four = self.stores.urls[:4]
+        json.loads(idemctl(four, "migrate", "--json"))
+        s4 = ShardServer(four, ["--sweep-interval-ms", "0"])
+        s4.start()
+        try:
+            # Every merchant made with three shards still works, on its shard.
+            for m in self.all:
+                mm = harness.Merchant(s4, m.id, m.api_key)
+                r = mm.post("/v1/payments", mm.payment_body(100, channel=self.chan.name))
+                self.assertFirst(r)
+                self.assertEqual(id_shard(r.json()["id"]), m.shard)
+            listed = json.loads(idemctl(four, "merchant", "list", "--json"))["merchants"]
+            self.assertGreaterEqual(len(listed), len(self.all))
+            # New ones follow the function over four; the channel reached shard 3.
+            ch4 = harness.Channel(s4, self.chan.name, self.chan.secret)
+            seen = set()
+            for _ in range(40):
+                m = s4.new_merchant()
+                self.assertEqual(m.shard, shard_of(m.id, 4))
+                seen.add(m.shard)
+                if m.shard == 3:
+                    r = m.post("/v1/payments", m.payment_body(100, channel=self.chan.name))
+                    self.assertFirst(r)
+                    self.assertEqual(id_shard(r.json()["id"]), 3)
+                    self.assertStatus(ch4.notify(r.json()["id"], 100), 200)
+                    self.assertEqual(m.balance(), 100)
+                    break
+            self.assertIn(3, seen)
+        finally:
+            s4.stop_checked()
+            s4.cleanup()
+
+    def test_z_idemctl_sums_purges_migrates_every_shard(self):
+        # The last flush happens at shutdown: stop idemd first.
+        self.server.stop_checked()
+        total = json.loads(idemctl(self.urls, "stats", "--json", check=False))
+        parts = [json.loads(idemctl([u], "stats", "--json", check=False)) for u in self.urls]
+        self.assertGreater(total["requests"], 0)
+        self.assertEqual(total["requests"], sum(p["requests"] for p in parts))
+        self.assertEqual(total["duplicates"], sum(p["duplicates"] for p in parts))
+        for t, d in total["by_type"].items():
+            self.assertEqual(d["first"], sum(p["by_type"].get(t, {}).get("first", 0)
+                                             for p in parts), t)
+        self.assertTrue(all(p["requests"] > 0 for p in parts), parts)
+        n = json.loads(idemctl(self.urls, "merchant", "list", "--json"))["merchants"]
+        self.assertGreaterEqual(len(n), len(self.all))
+        d = json.loads(idemctl(self.urls, "purge", "--dry-run", "--json"))
+        self.assertEqual(d["would_delete"], 0)
+        d = json.loads(idemctl(self.urls, "purge", "--json"))
+        self.assertTrue(d["complete"])
+        self.assertGreaterEqual(d["batches"], 3)  # one (short) batch per shard at least
+        d = json.loads(idemctl(self.urls, "migrate", "--status", "--json"))
+        self.assertTrue(d["up_to_date"], d)
+
+
+if __name__ == "__main__":
+    if SET in ("postgres", "mixed"):
+        import dbserver
+        dbserver.preflight("postgres", private=False)
+        if SET == "mixed":
+            dbserver.preflight("mariadb", private=False)
+    harness.main()
