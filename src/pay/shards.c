@@ -378,7 +378,7 @@ int idem_pay_open_shards(idem_pay **out, idem_store *const *stores, int n,
                          const idem_pay_opts *opts)
 {
 	idem_pay *r = NULL;
-	int rc, version = 0;
+	int rc, version = 0, current = 1;
 
 	*out = NULL;
 	if (!stores || n < 1 || n > 1000)
@@ -410,8 +410,10 @@ int idem_pay_open_shards(idem_pay **out, idem_store *const *stores, int n,
 	}
 	/* Channels to a shard added since (not before the stores are migrated:
 	 * `idemctl migrate` opens them as they are). */
-	if (idem_store_schema_version(stores[0], &version) == 0 &&
-	    version >= idem_store_schema_latest(stores[0]) && (rc = pay__channels_sync(r, NULL)) < 0) {
+	for (int i = 0; i < n && current; i++)
+		current = idem_store_schema_version(stores[i], &version) == 0 &&
+		          version >= idem_store_schema_latest(stores[i]);
+	if (current && (rc = pay__channels_sync(r, NULL)) < 0) {
 		idem_pay_close(r);
 		return rc;
 	}

@@ -372,6 +372,49 @@ class ShardTest(harness.TestCase):
         self.assertTrue(d["up_to_date"], d)
 
 
+@unittest.skipUnless(SET == "sqlite", "the upgrade path is checked on SQLite files")
+class UpgradeTest(unittest.TestCase):
+    """A store from before the directory (schema 4) that then becomes shard 0
+    of three: migration 5 records its merchants on shard 0, and they stay."""
+
+    def test_schema4_store_becomes_shard_0(self):
+        import sqlite3
+        tmp = tempfile.mkdtemp(prefix="idem-shard-up-")
+        urls = ["sqlite:" + os.path.join(tmp, "s%d.db" % i) for i in range(3)]
+        one = [urls[0]]
+        ids = [json.loads(idemctl(one, "merchant", "add", "old%d" % i, "--json"))
+               for i in range(5)]
+        # Back to schema 4: no directory table, no version 5.
+        db = sqlite3.connect(urls[0][len("sqlite:"):])
+        db.execute("DROP TABLE merchant_shards")
+        db.execute("DELETE FROM idem_schema_version WHERE version = 5")
+        db.commit()
+        db.close()
+        out = json.loads(idemctl(urls, "migrate", "--json"))
+        self.assertTrue(out["up_to_date"], out)
+        db = sqlite3.connect(urls[0][len("sqlite:"):])
+        rows = dict(db.execute("SELECT merchant_id, shard FROM merchant_shards"))
+        db.close()
+        for d in ids:
+            self.assertEqual(rows.get(d["merchant_id"]), 0)
+        s = ShardServer(urls, ["--sweep-interval-ms", "0"])
+        s.start()
+        try:
+            ch = s.new_channel()
+            for d in ids:
+                m = harness.Merchant(s, d["merchant_id"], d["api_key"])
+                r = m.post("/v1/payments", m.payment_body(100, channel=ch.name))
+                self.assertEqual(r.status, 201, r)
+                self.assertEqual(id_shard(r.json()["id"]), 0)
+                self.assertEqual(len(r.json()["id"]), len("pay_") + 32)
+        finally:
+            s.stop()
+            s.cleanup()
+            if not os.environ.get("IDEM_TEST_KEEP"):
+                import shutil
+                shutil.rmtree(tmp, ignore_errors=True)
+
+
 if __name__ == "__main__":
     if SET in ("postgres", "mixed"):
         import dbserver
