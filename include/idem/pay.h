@@ -76,6 +76,22 @@ IDEM_EXTERN int idem_pay_merchant_shard(idem_pay *pay, const char *merchant_id, 
 IDEM_EXTERN idem_pay *idem_pay_shard(idem_pay *pay, int i);
 
 /*
+ * Transfers between shards (a saga: debit with the request, then the
+ * payee's credit under a claim of its own, then the outbox row settles; a
+ * credit that cannot be made is reversed to the payer). One pass over every
+ * shard's pending rows: *settled counts rows that settled. 0 and nothing
+ * done for a handle on one store.
+ */
+IDEM_EXTERN int idem_pay_transfers_drive(idem_pay *pay, int *settled);
+/*
+ * Drive them every interval_ms (and at once after a new one) on a thread of
+ * its own, until close. step_delay_ms > 0 waits that long between a credit
+ * and the settling of its row (for tests that kill the process in between).
+ */
+IDEM_EXTERN int idem_pay_transfer_driver_start(idem_pay *pay, int64_t interval_ms,
+					       int64_t step_delay_ms);
+
+/*
  * Create a merchant. id_out receives "m_…", key_out the API key ("sk_…"),
  * shown this once: only its SHA-256 digest is stored.
  * Returns 0; IDEM_EINVAL for a name that is not 1..100 bytes of printable UTF-8.

@@ -16,6 +16,7 @@ typedef struct pay__chanstate pay__chanstate; /* pay/chanclient.c */
 typedef struct pay__pool pay__pool;           /* pay/chanpool.c */
 typedef struct pay__sweeper pay__sweeper;     /* pay/sweeper.c */
 typedef struct pay__dir pay__dir;             /* pay/shards.c */
+typedef struct pay__saga pay__saga;           /* pay/saga.c */
 
 struct idem_pay {
 	idem_store *store;
@@ -41,6 +42,7 @@ struct idem_pay {
 	pay__dir *dir;        /* the router's cache of merchant -> shard */
 	idem_pay *router;     /* a shard's router; NULL for a router or plain handle */
 	int shard;            /* this handle's shard number (ids and key ids carry it) */
+	pay__saga *saga;      /* the router's transfer driver (NULL: none runs) */
 };
 
 /* ---- connected channels (pay/channel.h has the rest) ---- */
@@ -180,6 +182,9 @@ int pay__dir_insert(idem_txn *txn, const char *merchant, int shard, int64_t now)
 /* Copy channel name's row from shard 0 to every other shard (all: name NULL). */
 int pay__channels_sync(idem_pay *router, const char *name);
 void pay__dir_free(pay__dir *d);
+
+/* Stop the transfer driver, if one runs. */
+void pay__saga_stop(idem_pay *pay);
 int64_t pay__now(const idem_pay *pay);
 /* RFC 3339 UTC with milliseconds. */
 void pay__time(char out[32], int64_t ms);
@@ -229,6 +234,7 @@ typedef struct {
 	void *done_ctx;
 	idem_work_fn work;                  /* two phases: run on a thread of its own */
 	void (*before_work)(idem_pay *pay);
+	int to_shard;                       /* a transfer between shards: the payee's */
 } pay__op;
 
 /* A new op for rq, or NULL after calling done with IDEM_ENOMEM. */
@@ -251,6 +257,14 @@ void pay__op_request(pay__op *op, const char *type, const char *natural, int64_t
  */
 void pay__start(pay__op *op, const char *type, const char *natural, int64_t ttl_ms,
                 idem_work_fn work, void (*before_work)(idem_pay *pay), int backstop);
+
+/*
+ * A transfer to a merchant on another shard, step 1 of the saga (saga.c):
+ * in the request's unit on the payer's shard, debit the payer and write the
+ * outbox row; answers 202 "pending". The driver does the rest.
+ */
+int pay__saga_debit(idem_txn *txn, pay__op *c, const char *to, int to_shard,
+                    idem_response *resp);
 
 /* The synchronous form of an async write: wait for its answer. */
 typedef void (*pay__async_fn)(idem_pay *, const idem_pay_request *, idem_done_fn, void *);

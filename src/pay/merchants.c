@@ -78,6 +78,7 @@ void idem_pay_close(idem_pay *pay)
 {
 	if (!pay)
 		return;
+	pay__saga_stop(pay);
 	for (int i = 0; i < pay->nshards; i++)
 		idem_pay_close(pay->shards[i]);
 	free(pay->shards);

@@ -138,6 +138,14 @@ static int transfer_work(idem_txn *txn, void *vctx, idem_response *resp)
 	return answer_transfer(resp, 201, &t);
 }
 
+/* A transfer to another shard: step 1 of the saga (pay/saga.c). */
+static int saga_work(idem_txn *txn, void *vctx, idem_response *resp)
+{
+	pay__op *c = vctx;
+
+	return pay__saga_debit(txn, c, pay__str(c->doc, "to_merchant"), c->to_shard, resp);
+}
+
 static const pay__field transfer_fields[] = {
     {"transfer_no", F_STRING, 0, V_NATURAL_KEY, 1},
     {"to_merchant", F_STRING, 1, V_ID, 0},
@@ -170,13 +178,15 @@ void idem_pay_transfer_async(idem_pay *pay, const idem_pay_request *rq, idem_don
 		rc = pay__reject(out, 400, "invalid_request", "'to_merchant' cannot be the sender");
 	else if (pay->router && (rc = pay__dir_lookup(pay->router, to, &shard, &found)) < 0)
 		; /* the directory is unreadable: 503, nothing claimed */
-	else if (found && shard != pay->shard)
-		/* Both ledgers in one transaction is what a transfer is here; across
-		 * shards that cannot be, so it is refused before any claim, whole. */
-		rc = pay__reject(out, 422, "cross_shard_transfer",
-		                 "the payee lives on another shard; transfers between shards are"
-		                 " not supported yet (docs/api-notes.md)");
-	else if ((rc = pay__fingerprint(c->fp, rq, c->doc)) == 0) {
+	else if (found && shard != pay->shard) {
+		/* Both ledgers cannot be one transaction across shards: the saga,
+		 * whose first step is this request's own unit on the payer's shard. */
+		if ((rc = pay__fingerprint(c->fp, rq, c->doc)) == 0) {
+			c->to_shard = shard;
+			pay__start(c, "transfer", no, pay->opts.ttl_ms, saga_work, NULL, 1);
+			return;
+		}
+	} else if ((rc = pay__fingerprint(c->fp, rq, c->doc)) == 0) {
 		pay__start(c, "transfer", no, pay->opts.ttl_ms, transfer_work, NULL, 1);
 		return;
 	}

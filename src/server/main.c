@@ -72,6 +72,10 @@ static void usage(FILE *f)
 	    "                            'creating', 0 = never [IDEM_SWEEP_INTERVAL_MS] (10000)\n"
 	    "  --sweep-age-ms MS         how old such a payment must be first\n"
 	    "                            [IDEM_SWEEP_AGE_MS] (30000)\n"
+	    "  --transfer-drive-ms MS    sharded: how often transfers between shards are\n"
+	    "                            driven on (0 = never) [IDEM_TRANSFER_DRIVE_MS] (200)\n"
+	    "  --transfer-step-delay-ms MS  tests: pause between a transfer's credit and\n"
+	    "                            its outbox row settling [IDEM_TRANSFER_STEP_DELAY_MS] (0)\n"
 	    "  --secret-key-file PATH    seal channel secrets at rest with this key (32 bytes\n"
 	    "                            or 64 hex digits, mode 600) [IDEM_SECRET_KEY_FILE]\n"
 	    "  -h, --help                this text\n"
@@ -147,12 +151,18 @@ typedef enum {
 	OPT_SWEEP_INTERVAL,
 	OPT_SWEEP_AGE,
 	OPT_REQUEST_DEADLINE,
+	OPT_TRANSFER_DRIVE,
+	OPT_TRANSFER_STEP_DELAY,
 } opt_id;
 
 /* --db given again: shards 1.. (cfg.db is shard 0), docs/scaling.md "Sharding". */
 #define MAX_SHARDS 64
 static char shard_db[MAX_SHARDS][1024];
 static int nshard_db; /* --db flags seen: the first replaces IDEM_DB, the next add shards */
+/* Transfers between shards: how often the driver looks for pending ones, and
+ * (tests) a pause between a credit and the settling of its outbox row. */
+static int transfer_drive_ms = 200;
+static int transfer_step_delay_ms;
 
 /* --secret-key-file: kept here, read once the store is open. */
 static char secret_key_file[4096];
@@ -187,6 +197,8 @@ static const struct {
     {OPT_SWEEP_INTERVAL, "IDEM_SWEEP_INTERVAL_MS"},
     {OPT_SWEEP_AGE, "IDEM_SWEEP_AGE_MS"},
     {OPT_REQUEST_DEADLINE, "IDEM_REQUEST_TIMEOUT_MS"},
+    {OPT_TRANSFER_DRIVE, "IDEM_TRANSFER_DRIVE_MS"},
+    {OPT_TRANSFER_STEP_DELAY, "IDEM_TRANSFER_STEP_DELAY_MS"},
 };
 
 static int apply(server_config *c, opt_id id, const char *v, const char *from)
@@ -234,6 +246,8 @@ static int apply(server_config *c, opt_id id, const char *v, const char *from)
 	case OPT_WRITERS: bad = parse_int(v, 1, 64, &c->writers); break;
 	case OPT_QUEUE_TIMEOUT: bad = parse_int(v, 0, 600000, &c->queue_timeout_ms); break;
 	case OPT_REQUEST_DEADLINE: bad = parse_int(v, 0, 600000, &request_deadline_ms); break;
+	case OPT_TRANSFER_DRIVE: bad = parse_int(v, 0, 3600000, &transfer_drive_ms); break;
+	case OPT_TRANSFER_STEP_DELAY: bad = parse_int(v, 0, 600000, &transfer_step_delay_ms); break;
 	case OPT_CACHE_MB: bad = parse_int(v, 0, 65536, &c->cache_mb); break;
 	case OPT_CACHE_ENTRIES: bad = parse_int(v, 0, 100000000, &c->cache_entries); break;
 	case OPT_SECRET_KEY_FILE:
@@ -274,6 +288,8 @@ static int configure(server_config *c, int argc, char **argv)
 	    {"writers", required_argument, NULL, OPT_WRITERS},
 	    {"queue-timeout-ms", required_argument, NULL, OPT_QUEUE_TIMEOUT},
 	    {"request-timeout-ms", required_argument, NULL, OPT_REQUEST_DEADLINE},
+	    {"transfer-drive-ms", required_argument, NULL, OPT_TRANSFER_DRIVE},
+	    {"transfer-step-delay-ms", required_argument, NULL, OPT_TRANSFER_STEP_DELAY},
 	    {"cache-mb", required_argument, NULL, OPT_CACHE_MB},
 	    {"cache-entries", required_argument, NULL, OPT_CACHE_ENTRIES},
 	    {"secret-key-file", required_argument, NULL, OPT_SECRET_KEY_FILE},
@@ -434,6 +450,12 @@ int main(int argc, char **argv)
 	if (cfg.sweep_interval_ms > 0 &&
 	    idem_pay_sweeper_start(st.pay, cfg.sweep_interval_ms, cfg.sweep_age_ms) < 0) {
 		log_msg("error", "cannot start the sweeper: %s", idem_error_last()->message);
+		goto done;
+	}
+	/* Transfers between shards: pending outbox rows, from any instance. */
+	if (nstores > 1 && transfer_drive_ms > 0 &&
+	    idem_pay_transfer_driver_start(st.pay, transfer_drive_ms, transfer_step_delay_ms) < 0) {
+		log_msg("error", "cannot start the transfer driver: %s", idem_error_last()->message);
 		goto done;
 	}
 	/* Outcome counters go to the store every few seconds, so that

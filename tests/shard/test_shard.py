@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -83,6 +84,15 @@ class Stores:
         if not os.environ.get("IDEM_TEST_KEEP"):
             import shutil
             shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def wait_for(pred, what, timeout=15.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError("timed out waiting for " + what)
 
 
 def db_args(urls):
@@ -189,6 +199,7 @@ class ShardTest(harness.TestCase):
     def test_b_every_route_on_every_shard(self):
         for shard, ms in self.by_shard.items():
             a, b = ms[0], ms[1]
+            a0, b0 = a.balance(), b.balance()
             p = self.paid(a, 5000)
             self.assertEqual(id_shard(p["id"]), shard, p["id"])
             self.assertEqual(len(p["id"]), len("pay_") + 32)
@@ -197,14 +208,14 @@ class ShardTest(harness.TestCase):
             r = a.get("/v1/payments?merchant_order_no=" + p["merchant_order_no"])
             self.assertStatus(r, 200)
             self.assertEqual(r.json()["id"], p["id"])
-            self.assertEqual(a.balance(), 5000)
+            self.assertEqual(a.balance(), a0 + 5000)
             # refund
             key = uid("RF")
             r = a.post("/v1/refunds", {"refund_request_no": key, "payment_id": p["id"],
                                        "amount": 1000})
             self.assertFirst(r)
             self.assertEqual(id_shard(r.json()["id"]), shard)
-            self.assertEqual(a.balance(), 4000)
+            self.assertEqual(a.balance(), a0 + 4000)
             r2 = a.post("/v1/refunds", {"refund_request_no": key, "payment_id": p["id"],
                                         "amount": 1000})
             self.assertReplayOf(r2, r, 201)
@@ -215,16 +226,24 @@ class ShardTest(harness.TestCase):
                                          "amount": 1500, "currency": "CNY"})
             self.assertFirst(r)
             self.assertEqual(id_shard(r.json()["id"]), shard)
-            self.assertEqual(a.balance(), 2500)
-            self.assertEqual(b.balance(), 1500)
-            # a transfer to another shard: refused whole, nothing moved or stored
+            self.assertEqual(a.balance(), a0 + 2500)
+            self.assertEqual(b.balance(), b0 + 1500)
+            # a transfer to another shard: the saga (202 pending, then credited)
             other = self.by_shard[(shard + 1) % 3][0]
-            no = uid("TX")
-            r = a.post("/v1/transfers", {"transfer_no": no, "to_merchant": other.id,
-                                         "amount": 100, "currency": "CNY"})
-            self.assertProblem(r, 422, "cross_shard_transfer")
-            self.assertEqual(a.balance(), 2500)
-            self.assertNoRecord(a, "transfer", no)
+            o0 = other.balance()
+            body = {"transfer_no": uid("TX"), "to_merchant": other.id, "amount": 100,
+                    "currency": "CNY"}
+            r = a.post("/v1/transfers", body)
+            self.assertFirst(r, 202)
+            self.assertEqual(r.json()["status"], "pending")
+            self.assertEqual(id_shard(r.json()["id"]), shard)
+            self.assertEqual(a.balance(), a0 + 2400)
+            wait_for(lambda: other.balance() == o0 + 100, "the credit on shard %d"
+                     % ((shard + 1) % 3))
+            self.assertReplayOf(a.post("/v1/transfers", body), r, 202)
+            time.sleep(0.3)
+            self.assertEqual(other.balance(), o0 + 100)
+            self.assertEqual(a.balance(), a0 + 2400)
             # an unknown payee is still a 404
             r = a.post("/v1/transfers", {"transfer_no": uid("TU"), "to_merchant": "m_nobody",
                                          "amount": 100, "currency": "CNY"})
@@ -372,6 +391,127 @@ class ShardTest(harness.TestCase):
         self.assertTrue(d["up_to_date"], d)
 
 
+class SagaKillTest(unittest.TestCase):
+    """Transfers between shards survive kill -9 between the saga's steps:
+    every debit and credit exactly once, and the sum of all balances (plus
+    what is in flight, on SQLite where the outbox can be read) never
+    changes."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.stores = Stores(SET)
+        cls.urls = cls.stores.urls[:3]
+        idemctl(cls.urls, "migrate")
+        cls.tmp = tempfile.mkdtemp(prefix="idem-saga-")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.stores.close()
+        if not os.environ.get("IDEM_TEST_KEEP"):
+            import shutil
+            shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def server(self, *args):
+        s = ShardServer(self.urls, ["--sweep-interval-ms", "0"] + list(args), tmpdir=self.tmp)
+        s.start()
+        return s
+
+    def total(self, s, ms):
+        return sum(harness.Merchant(s, m.id, m.api_key).balance() for m in ms)
+
+    def in_flight(self):
+        """Amount of pending outbox rows over the SQLite shards (None elsewhere)."""
+        import sqlite3
+        paths = [harness.sqlite_path(u) for u in self.urls]
+        if any(p is None for p in paths):
+            return None
+        n = 0
+        for p in paths:
+            db = sqlite3.connect("file:%s?mode=ro" % p, uri=True, timeout=10)
+            n += db.execute("SELECT coalesce(sum(amount), 0) FROM transfer_outbox"
+                            " WHERE status = 'pending'").fetchone()[0]
+            db.close()
+        return n
+
+    def test_kill9_between_the_steps(self):
+        s = self.server("--transfer-drive-ms", "0")  # step 1 only
+        ch = s.new_channel()
+        ms = []
+        while len({m.shard for m in ms}) < 2 or len(ms) < 4:
+            ms.append(s.new_merchant())
+        payer = ms[0]
+        payee = next(m for m in ms if m.shard != payer.shard)
+        for m in ms:
+            p = m.post("/v1/payments", m.payment_body(10000, channel=ch.name)).json()
+            self.assertEqual(ch.notify(p["id"], 10000).status, 200)
+        total0 = self.total(s, ms)
+        body = {"transfer_no": uid("SG"), "to_merchant": payee.id, "amount": 700,
+                "currency": "CNY"}
+        # 1. Killed after the debit, before the credit.
+        r = payer.post("/v1/transfers", body)
+        self.assertEqual(r.status, 202, r)
+        first = r
+        s.stop(signal.SIGKILL)
+        s = self.server()  # the driver on: it finds the pending row
+        pay_, pee = payer.on(s), payee.on(s)
+        wait_for(lambda: pee.balance() == 10700, "the credit after restart")
+        self.assertEqual(pay_.balance(), 9300)
+        self.assertEqual(self.total(s, ms), total0)
+        r = pay_.post("/v1/transfers", body)
+        self.assertEqual(r.status, 202)
+        self.assertEqual(r.body, first.body)
+        self.assertEqual(r.header("Idempotent-Replayed"), "true")
+        s.stop_checked()
+        # 2. Killed after the credit, before the outbox row settles.
+        s = self.server("--transfer-step-delay-ms", "4000")
+        pay_, pee = payer.on(s), payee.on(s)
+        body2 = dict(body, transfer_no=uid("SG"))
+        self.assertEqual(pay_.post("/v1/transfers", body2).status, 202)
+        wait_for(lambda: pee.balance() == 11400, "the second credit")
+        s.stop(signal.SIGKILL)
+        flying = self.in_flight()
+        if flying is not None:
+            self.assertEqual(flying, 700)  # credited, but the row is still pending
+        s = self.server()
+        pay_, pee = payer.on(s), payee.on(s)
+        if flying is not None:
+            wait_for(lambda: self.in_flight() == 0, "the row to settle")
+        else:
+            time.sleep(1.5)
+        self.assertEqual(pee.balance(), 11400)  # not credited twice
+        self.assertEqual(pay_.balance(), 8600)
+        self.assertEqual(self.total(s, ms), total0)
+        # 3. A storm of the same transfer, killed in the middle, then retried.
+        body3 = dict(body, transfer_no=uid("SG"), amount=50)
+        answers = []
+
+        def fire():
+            try:
+                answers.append(pay_.post("/v1/transfers", body3, timeout=5))
+            except OSError:
+                pass
+
+        threads = [threading.Thread(target=fire) for _ in range(12)]
+        for t in threads:
+            t.start()
+        time.sleep(0.05)
+        s.stop(signal.SIGKILL)
+        for t in threads:
+            t.join(10)
+        s = self.server()
+        pay_, pee = payer.on(s), payee.on(s)
+        r = pay_.post("/v1/transfers", body3)
+        self.assertEqual(r.status, 202, r)
+        wait_for(lambda: pee.balance() == 11450, "the storm's one credit")
+        time.sleep(0.5)
+        self.assertEqual(pee.balance(), 11450)
+        self.assertEqual(pay_.balance(), 8550)
+        self.assertEqual(self.total(s, ms), total0)
+        if self.in_flight() is not None:
+            self.assertEqual(self.in_flight(), 0)
+        s.stop_checked()
+
+
 @unittest.skipUnless(SET == "sqlite", "the upgrade path is checked on SQLite files")
 class UpgradeTest(unittest.TestCase):
     """A store from before the directory (schema 4) that then becomes shard 0
@@ -384,10 +524,11 @@ class UpgradeTest(unittest.TestCase):
         one = [urls[0]]
         ids = [json.loads(idemctl(one, "merchant", "add", "old%d" % i, "--json"))
                for i in range(5)]
-        # Back to schema 4: no directory table, no version 5.
+        # Back to schema 4: no directory table (5), no outbox (6).
         db = sqlite3.connect(urls[0][len("sqlite:"):])
         db.execute("DROP TABLE merchant_shards")
-        db.execute("DELETE FROM idem_schema_version WHERE version = 5")
+        db.execute("DROP TABLE transfer_outbox")
+        db.execute("DELETE FROM idem_schema_version WHERE version >= 5")
         db.commit()
         db.close()
         out = json.loads(idemctl(urls, "migrate", "--json"))
