@@ -305,6 +305,14 @@ static int read_have(void *ctx, const idem_value *c, int n)
 	return 1;
 }
 
+/* Whether two stored secrets differ, in time that does not depend on where. */
+static int stored_differs(const char *a, const char *b)
+{
+	size_t n = strlen(a);
+
+	return n != strlen(b) || CRYPTO_memcmp(a, b, n) != 0;
+}
+
 static int copy_step(idem_txn *txn, void *ctx)
 {
 	chan_rows *r = ctx;
@@ -329,7 +337,7 @@ static int copy_step(idem_txn *txn, void *ctx)
 			                   "INSERT INTO channels (name, secret, created_at, base_url,"
 			                   " timeout_ms) VALUES (?, ?, ?, ?, ?)",
 			                   v, 5, NULL);
-		} else if (strcmp(h.secret, c->secret) != 0 || h.has_url != c->has_url ||
+		} else if (stored_differs(h.secret, c->secret) || h.has_url != c->has_url ||
 		           strcmp(h.url, c->url) != 0 || h.timeout_ms != c->timeout_ms) {
 			idem_value v[4] = {IDEM_V_TEXT(c->secret), url, IDEM_V_INT(c->timeout_ms),
 			                   IDEM_V_TEXT(c->name)};
