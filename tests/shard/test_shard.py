@@ -368,6 +368,30 @@ class ShardTest(harness.TestCase):
             s4.stop_checked()
             s4.cleanup()
 
+    def test_h_recon_rows_go_to_their_merchants_shard(self):
+        # A paid payment per shard, then the channel's file lists them (plus
+        # one row the channel has and idem does not).
+        rows, want = [], {"matched": 0, "missing_local": 0}
+        for shard in (0, 1, 2):
+            m = self.by_shard[shard][0]
+            p = self.paid(m, 1200)
+            rows.append("%s,%s,%s,1200,CNY,SUCCESS,2026-01-01T00:00:00Z"
+                        % (uid("RT"), m.id, p["merchant_order_no"]))
+            want["matched"] += 1
+        rows.append("%s,%s,%s,1200,CNY,SUCCESS,2026-01-01T00:00:00Z"
+                    % (uid("RT"), self.by_shard[1][0].id, uid("NOPE")))
+        want["missing_local"] += 1
+        path = os.path.join(self.server.tmpdir, "recon.csv")
+        with open(path, "w") as f:
+            f.write("channel_txn_id,merchant_id,merchant_order_no,amount,currency,status,"
+                    "paid_at\n" + "\n".join(rows) + "\n")
+        d = json.loads(idemctl(self.urls, "recon", "import", self.chan.name, path, "--json"))
+        self.assertEqual(d["inserted"], 4, d)
+        self.assertEqual(d["matched"], want["matched"], d)
+        self.assertEqual(d["missing_local"], want["missing_local"], d)
+        d = json.loads(idemctl(self.urls, "recon", "import", self.chan.name, path, "--json"))
+        self.assertEqual(d["duplicates"], 4, d)
+
     def test_z_idemctl_sums_purges_migrates_every_shard(self):
         # The last flush happens at shutdown: stop idemd first.
         self.server.stop_checked()
