@@ -54,6 +54,44 @@ IDEM_EXTERN int idem_pay_open(idem_pay **out, idem_store *store, const idem_pay_
 IDEM_EXTERN void idem_pay_close(idem_pay *pay);
 
 /*
+ * Sharding by merchant (docs/scaling.md, "Sharding"): one handle over n
+ * stores (1..1000; any backends), shard i being stores[i]. A merchant lives
+ * on one shard, chosen at creation by idem_pay_shard_of and recorded in the
+ * directory on shard 0; every request is one transaction on its merchant's
+ * shard. The order of the stores is the shard numbering: new stores are
+ * appended, never reordered. n == 1 is idem_pay_open. The stores are
+ * borrowed and must outlive the handle.
+ */
+IDEM_EXTERN int idem_pay_open_shards(idem_pay **out, idem_store *const *stores, int n,
+				     const idem_pay_opts *opts);
+/* The shard a merchant created now among nshards goes to: SHA-256 of its id,
+ * the first 8 bytes big-endian, modulo nshards. */
+IDEM_EXTERN int idem_pay_shard_of(const char *merchant_id, int nshards);
+/* Number of shards (1 for a handle on one store). */
+IDEM_EXTERN int idem_pay_shard_count(const idem_pay *pay);
+/* The shard merchant lives on (from the directory); IDEM_ENOTFOUND when it
+ * has none. Always 0 for a handle on one store. */
+IDEM_EXTERN int idem_pay_merchant_shard(idem_pay *pay, const char *merchant_id, int *shard);
+/* Shard i's own handle (borrowed; NULL when out of range). */
+IDEM_EXTERN idem_pay *idem_pay_shard(idem_pay *pay, int i);
+
+/*
+ * Transfers between shards (a saga: debit with the request, then the
+ * payee's credit under a claim of its own, then the outbox row settles; a
+ * credit that cannot be made is reversed to the payer). One pass over every
+ * shard's pending rows: *settled counts rows that settled. 0 and nothing
+ * done for a handle on one store.
+ */
+IDEM_EXTERN int idem_pay_transfers_drive(idem_pay *pay, int *settled);
+/*
+ * Drive them every interval_ms (and at once after a new one) on a thread of
+ * its own, until close. step_delay_ms > 0 waits that long between a credit
+ * and the settling of its row (for tests that kill the process in between).
+ */
+IDEM_EXTERN int idem_pay_transfer_driver_start(idem_pay *pay, int64_t interval_ms,
+					       int64_t step_delay_ms);
+
+/*
  * Create a merchant. id_out receives "m_…", key_out the API key ("sk_…"),
  * shown this once: only its SHA-256 digest is stored.
  * Returns 0; IDEM_EINVAL for a name that is not 1..100 bytes of printable UTF-8.

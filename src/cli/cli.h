@@ -17,11 +17,20 @@
 #define EXIT_USAGE 2
 #define EXIT_CHECK 3
 
+#define CLI_MAX_SHARDS 64
+
 typedef struct {
-	const char *db;  /* --db URL or IDEM_DB */
+	const char *db;  /* --db URL or IDEM_DB: shard 0 */
 	int json;        /* --json */
 	const char *secret_key_file; /* --secret-key-file PATH or IDEM_SECRET_KEY_FILE */
+	/* --db given again: shards 1.. in order (docs/scaling.md, "Sharding"). */
+	const char *shard_db[CLI_MAX_SHARDS];
+	int nshards;     /* stores named: 1 + the extra --db */
 } cli_globals;
+
+/* After cli_open: every shard's store, shard 0 first (the *store returned). */
+extern idem_store *cli_stores[CLI_MAX_SHARDS];
+extern int cli_nstores;
 
 typedef struct {
 	const char *name;    /* "merchant add" */
@@ -35,8 +44,9 @@ extern const cli_command cli_migrate, cli_merchant_add, cli_merchant_list,
     cli_channel_rekey,
     cli_purge, cli_stats, cli_inspect, cli_recon_import, cli_demo;
 
-/* Open the store and the payment domain; prints a one-line error on failure
- * and returns the exit code (0 when open). */
+/* Open the store (every shard's, when --db was given several times) and the
+ * payment domain over them; prints a one-line error on failure and returns
+ * the exit code (0 when open). */
 int cli_open(const cli_globals *g, idem_store **store, idem_pay **pay);
 /* The same with store options (migrate off, group commit for imports). */
 int cli_open_opts(const cli_globals *g, const idem_store_opts *opts, idem_store **store,

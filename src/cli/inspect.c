@@ -38,6 +38,14 @@ static int run(const cli_globals *g, int argc, char **argv)
 		return cli_usage_error("KEY must be 1..255 bytes of 0x21..0x7E");
 	if ((rc = cli_open(g, &store, &pay)) != 0)
 		return rc;
+	{
+		/* Sharded: the record is on the merchant's shard (a channel's scope,
+		 * for notifications, is looked up on shard 0). */
+		int shard = 0;
+
+		if (idem_pay_merchant_shard(pay, argv[0], &shard) == 0 && shard < cli_nstores)
+			store = cli_stores[shard];
+	}
 	rc = idem_record_get(&info, store, argv[0], argv[1], argv[2], strlen(argv[2]));
 	if (rc == IDEM_ENOTFOUND || rc == IDEM_EINVAL) {
 		fprintf(stderr, "idemctl: no record for scope '%s', type '%s', key '%s'\n", argv[0],

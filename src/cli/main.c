@@ -36,18 +36,46 @@ static void usage(FILE *f)
 	fprintf(f, "usage: idemctl [--db URL] [--json] [--secret-key-file PATH] COMMAND [ARGS]\n\n"
 		   "Operates an idem store. --db defaults to $IDEM_DB; --json prints one JSON\n"
 		   "object for scripts; --secret-key-file (default $IDEM_SECRET_KEY_FILE) is the\n"
-		   "key channel secrets are sealed with at rest, as idemd's.\n\ncommands:\n");
+		   "key channel secrets are sealed with at rest, as idemd's. --db given several\n"
+		   "times names the shards, in idemd's order (docs/scaling.md, Sharding).\n\n"
+		   "commands:\n");
 	for (size_t i = 0; i < NCOMMANDS; i++)
 		fprintf(f, "  %-22s %s\n", commands[i]->name, commands[i]->summary);
 	fprintf(f, "\n'idemctl COMMAND --help' shows a command's options and an example.\n%s",
 		exit_codes);
 }
 
+idem_store *cli_stores[CLI_MAX_SHARDS];
+int cli_nstores;
+
+/* Open url as shard i (migrated when asked and behind). */
+static int open_one(const char *url, idem_store_opts o, int i, idem_store **store)
+{
+	int rc, version = 0, migrate = o.migrate;
+	char what[64];
+
+	/* Migrating takes the write lock (SQLite: BEGIN IMMEDIATE) even when
+	 * there is nothing to do: only when the schema is behind, so that an
+	 * operator's read never queues behind idemd's writers. */
+	o.migrate = 0;
+	snprintf(what, sizeof(what), i ? "cannot open store (shard %d)" : "cannot open store", i);
+	if ((rc = idem_store_open(store, url, &o)) < 0)
+		return cli_fail(what, rc);
+	if (migrate && ((rc = idem_store_schema_version(*store, &version)) < 0 ||
+			(version < idem_store_schema_latest(*store) &&
+			 (rc = idem_store_migrate(*store, NULL)) < 0))) {
+		idem_store_close(*store);
+		*store = NULL;
+		return cli_fail("cannot migrate the store", rc);
+	}
+	return 0;
+}
+
 int cli_open_opts(const cli_globals *g, const idem_store_opts *opts, idem_store **store,
 		  idem_pay **pay)
 {
 	idem_store_opts o = IDEM_STORE_OPTS_INIT;
-	int rc, version = 0;
+	int rc, n = g->nshards > 1 ? g->nshards : 1;
 
 	*store = NULL;
 	*pay = NULL;
@@ -57,23 +85,17 @@ int cli_open_opts(const cli_globals *g, const idem_store_opts *opts, idem_store 
 	}
 	if (opts)
 		o = *opts;
-	/* Migrating takes the write lock (SQLite: BEGIN IMMEDIATE) even when
-	 * there is nothing to do: only when the schema is behind, so that an
-	 * operator's read never queues behind idemd's writers. */
-	int migrate = o.migrate;
-
-	o.migrate = 0;
-	if ((rc = idem_store_open(store, g->db, &o)) < 0)
-		return cli_fail("cannot open store", rc);
-	if (migrate && ((rc = idem_store_schema_version(*store, &version)) < 0 ||
-			(version < idem_store_schema_latest(*store) &&
-			 (rc = idem_store_migrate(*store, NULL)) < 0))) {
-		idem_store_close(*store);
-		*store = NULL;
-		return cli_fail("cannot migrate the store", rc);
+	cli_nstores = 0;
+	for (int i = 0; i < n; i++) {
+		if ((rc = open_one(i == 0 ? g->db : g->shard_db[i], o, i, &cli_stores[i])) != 0) {
+			cli_close(NULL, NULL);
+			return rc;
+		}
+		cli_nstores++;
 	}
-	if ((rc = idem_pay_open(pay, *store, NULL)) < 0) {
-		idem_store_close(*store);
+	*store = cli_stores[0];
+	if ((rc = idem_pay_open_shards(pay, cli_stores, n, NULL)) < 0) {
+		cli_close(NULL, NULL);
 		*store = NULL;
 		return cli_fail("cannot start", rc);
 	}
@@ -95,8 +117,30 @@ int cli_open(const cli_globals *g, idem_store **store, idem_pay **pay)
 
 void cli_close(idem_store *store, idem_pay *pay)
 {
+	int own = 0;
+
 	idem_pay_close(pay);
-	idem_store_close(store);
+	for (int i = 0; i < cli_nstores; i++)
+		own |= store == cli_stores[i];
+	if (!own)
+		idem_store_close(store);
+	for (int i = 0; i < cli_nstores; i++)
+		idem_store_close(cli_stores[i]);
+	cli_nstores = 0;
+}
+
+/* --db URL: the first replaces IDEM_DB, each next one adds a shard. */
+static int add_db(cli_globals *g, int *seen, const char *url)
+{
+	if (*seen == 0) {
+		g->db = url;
+	} else {
+		if (*seen >= CLI_MAX_SHARDS)
+			return cli_usage_error("at most %d --db (shards)", CLI_MAX_SHARDS);
+		g->shard_db[*seen] = url;
+	}
+	g->nshards = ++*seen;
+	return 0;
 }
 
 int cli_fail(const char *what, int rc)
@@ -169,15 +213,17 @@ static int unknown_command(int argc, char **argv, int i)
 
 int main(int argc, char **argv)
 {
-	cli_globals g = {getenv("IDEM_DB"), 0, getenv("IDEM_SECRET_KEY_FILE")};
-	int i = 1;
+	cli_globals g = {getenv("IDEM_DB"), 0, getenv("IDEM_SECRET_KEY_FILE"), {NULL}, 1};
+	int i = 1, dbs = 0;
 
 	/* Global options come before the command, and may also follow it. */
 	for (; i < argc && argv[i][0] == '-'; i++) {
 		if (strcmp(argv[i], "--db") == 0 && i + 1 < argc) {
-			g.db = argv[++i];
+			if (add_db(&g, &dbs, argv[++i]) != 0)
+				return EXIT_USAGE;
 		} else if (strncmp(argv[i], "--db=", 5) == 0) {
-			g.db = argv[i] + 5;
+			if (add_db(&g, &dbs, argv[i] + 5) != 0)
+				return EXIT_USAGE;
 		} else if (strcmp(argv[i], "--json") == 0) {
 			g.json = 1;
 		} else if (strcmp(argv[i], "--secret-key-file") == 0 && i + 1 < argc) {
@@ -209,9 +255,15 @@ int main(int argc, char **argv)
 			if (strcmp(argv[j], "--json") == 0) {
 				g.json = 1;
 			} else if (strcmp(argv[j], "--db") == 0 && j + 1 < argc) {
-				g.db = argv[++j];
+				if (add_db(&g, &dbs, argv[++j]) != 0) {
+					free(args);
+					return EXIT_USAGE;
+				}
 			} else if (strncmp(argv[j], "--db=", 5) == 0) {
-				g.db = argv[j] + 5;
+				if (add_db(&g, &dbs, argv[j] + 5) != 0) {
+					free(args);
+					return EXIT_USAGE;
+				}
 			} else if (strcmp(argv[j], "--secret-key-file") == 0 && j + 1 < argc) {
 				g.secret_key_file = argv[++j];
 			} else if (strncmp(argv[j], "--secret-key-file=", 18) == 0) {

@@ -51,11 +51,15 @@ static void shown_name(char *out, size_t n, const char *in)
  * cannot be built (out of memory), so then it is printed as text. name NULL:
  * a rotated key ({"merchant_id", "api_key"}).
  */
-static int print_key(const char *id, const char *name, const char *key)
+static int print_key(const char *id, const char *name, const char *key, int shard)
 {
 	json_t *obj = name ? json_pack("{s:s, s:s, s:s}", "merchant_id", id, "name", name,
 	                               "api_key", key)
 	                   : json_pack("{s:s, s:s}", "merchant_id", id, "api_key", key);
+
+	/* Sharded (several --db): the shard it lives on, too. */
+	if (obj && shard >= 0)
+		json_object_set_new(obj, "shard", json_integer(shard));
 	char *s = obj ? json_dumps(obj, JSON_PRESERVE_ORDER | JSON_COMPACT) : NULL;
 
 	json_decref(obj);
@@ -75,7 +79,7 @@ static int add(const cli_globals *g, int argc, char **argv)
 	idem_store *store = NULL;
 	idem_pay *pay = NULL;
 	char id[IDEM_PAY_ID_SIZE], key[IDEM_PAY_SECRET_SIZE];
-	int rc;
+	int rc, shard = 0;
 
 	if (argc != 1 || argv[0][0] == '-')
 		return cli_usage_error("merchant add takes one NAME");
@@ -83,14 +87,18 @@ static int add(const cli_globals *g, int argc, char **argv)
 		return rc;
 	/* The library checks the name before it writes anything. */
 	rc = idem_pay_merchant_add(pay, argv[0], id, key);
+	if (rc == 0 && idem_pay_shard_count(pay) > 1 && idem_pay_merchant_shard(pay, id, &shard) < 0)
+		shard = -1; /* committed: the key is printed all the same */
 	if (rc < 0) {
 		rc = cli_fail("cannot add merchant", rc);
 	} else if (g->json) {
-		rc = print_key(id, argv[0], key);
+		rc = print_key(id, argv[0], key, idem_pay_shard_count(pay) > 1 ? shard : -1);
 	} else {
 		printf("merchant %s (%s) created\napi key: %s\n"
 		       "The key is shown only this once; only its digest is stored.\n",
 		       id, argv[0], key);
+		if (idem_pay_shard_count(pay) > 1)
+			printf("shard %d of %d\n", shard, idem_pay_shard_count(pay));
 	}
 	cli_close(store, pay);
 	return rc;
@@ -170,7 +178,7 @@ static int rotate(const cli_globals *g, int argc, char **argv)
 	if (rc < 0)
 		rc = cli_fail("cannot rotate the key", rc);
 	else if (g->json)
-		rc = print_key(argv[0], NULL, key);
+		rc = print_key(argv[0], NULL, key, -1);
 	else
 		printf("merchant %s has a new api key: %s\n"
 		       "The old key is revoked. The new one is shown only this once.\n",

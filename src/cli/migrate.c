@@ -25,14 +25,26 @@ static int run(const cli_globals *g, int argc, char **argv)
 	if ((rc = cli_open_opts(g, &opts, &store, &pay)) != 0)
 		return rc;
 	latest = idem_store_schema_latest(store);
-	if ((rc = idem_store_schema_version(store, &before)) < 0) {
-		rc = cli_fail("cannot read the schema version", rc);
-		goto done;
-	}
-	after = before;
-	if (!status_only && (rc = idem_store_migrate(store, &after)) < 0) {
-		rc = cli_fail("migration failed", rc);
-		goto done;
+	/* Sharded: every shard's store, shard 0 last so that its version (the
+	 * one printed) is reached only when all are; the oldest one is reported. */
+	for (int s = cli_nstores - 1; s >= 0; s--) {
+		int b = 0, a = 0;
+
+		store = cli_stores[s];
+		if ((rc = idem_store_schema_version(store, &b)) < 0) {
+			rc = cli_fail("cannot read the schema version", rc);
+			goto done;
+		}
+		a = b;
+		if (!status_only && (rc = idem_store_migrate(store, &a)) < 0) {
+			rc = cli_fail("migration failed", rc);
+			goto done;
+		}
+		if (s == cli_nstores - 1 || a < after) {
+			after = a;
+		}
+		if (s == cli_nstores - 1 || b < before)
+			before = b;
 	}
 	if (g->json) {
 		rc = cli_print_json(json_pack("{s:s, s:i, s:i, s:i, s:b}", "backend",
@@ -59,7 +71,8 @@ const cli_command cli_migrate = {
 	"migrate [--status] [--json]\n\n"
 	"Applies every pending schema migration, each exactly once, in a transaction;\n"
 	"safe to run while idemd serves and from two hosts at once. --status only\n"
-	"reports the version and exits 3 when migrations are pending.\n"
+	"reports the version and exits 3 when migrations are pending. With several\n"
+	"--db (shards), each shard is migrated; the oldest version is reported.\n"
 	"--json prints {\"backend\", \"schema_version\", \"latest\", \"applied\", \"up_to_date\"}.\n\n"
 	"example:\n  idemctl --db postgresql://idem@127.0.0.1/idem migrate --status\n",
 	run,

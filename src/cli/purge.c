@@ -54,11 +54,15 @@ static int run(const cli_globals *g, int argc, char **argv)
 	if ((rc = cli_open(g, &store, &pay)) != 0)
 		return rc;
 	cli_progress_start(&prog, "purging", 0);
-	if (dry_run || prog.on) {
-		if ((rc = idem_admin_purge_count(store, &expected)) < 0) {
+	/* Sharded: each shard's store in turn (the counts are summed). */
+	for (int s = 0; (dry_run || prog.on) && s < cli_nstores; s++) {
+		int64_t n = 0;
+
+		if ((rc = idem_admin_purge_count(cli_stores[s], &n)) < 0) {
 			rc = cli_fail("cannot count expired records", rc);
 			goto done;
 		}
+		expected += n;
 	}
 	if (dry_run) {
 		if (g->json)
@@ -71,32 +75,44 @@ static int run(const cli_globals *g, int argc, char **argv)
 	}
 	prog.total = expected;
 	start = now_s();
-	for (;;) {
-		int64_t n = 0;
-		struct timespec pause = {0, 2000000}; /* let queued writers in */
-		char extra[64];
+	for (int s = 0; s < cli_nstores; s++) {
+		store = cli_stores[s];
+		complete = 0;
+		for (;;) {
+			int64_t n = 0;
+			struct timespec pause = {0, 2000000}; /* let queued writers in */
+			char extra[64];
 
-		if ((rc = idem_store_purge(store, (int)batch, 1, &n)) < 0) {
-			cli_progress_end(&prog);
-			rc = cli_fail("purge failed", rc);
-			break;
+			if ((rc = idem_store_purge(store, (int)batch, 1, &n)) < 0) {
+				cli_progress_end(&prog);
+				rc = cli_fail("purge failed", rc);
+				break;
+			}
+			total += n;
+			batches++;
+			snprintf(extra, sizeof(extra), "%lld deleted", (long long)total);
+			cli_progress_update(&prog, total, extra);
+			if (n < batch) {
+				complete = 1;
+				break;
+			}
+			if (max_seconds > 0 && now_s() - start >= (double)max_seconds)
+				break;
+			nanosleep(&pause, NULL);
 		}
-		total += n;
-		batches++;
-		snprintf(extra, sizeof(extra), "%lld deleted", (long long)total);
-		cli_progress_update(&prog, total, extra);
-		if (n < batch) {
-			complete = 1;
-			break;
+		/* The flushed counters idemctl stats reads are kept --stats-keep long. */
+		if (rc == 0 && complete) {
+			int64_t gone = 0;
+
+			if ((rc = idem_stats_prune(store, stats_keep, &gone)) < 0)
+				rc = cli_fail("pruning old stats failed", rc);
+			pruned += gone;
 		}
-		if (max_seconds > 0 && now_s() - start >= (double)max_seconds)
+		if (rc != 0 || !complete)
 			break;
-		nanosleep(&pause, NULL);
 	}
 	cli_progress_end(&prog);
-	/* The flushed counters idemctl stats reads are kept --stats-keep long. */
-	if (rc == 0 && complete && (rc = idem_stats_prune(store, stats_keep, &pruned)) < 0)
-		rc = cli_fail("pruning old stats failed", rc);
+	store = cli_stores[0];
 	elapsed = now_s() - start;
 	if (rc == 0 && g->json)
 		rc = cli_print_json(json_pack(
@@ -124,7 +140,8 @@ const cli_command cli_purge = {
     "Safe while idemd serves: a PROCESSING record whose lease is live and every\n"
     "business row are never touched. --dry-run only counts what would go.\n"
     "Once every expired record is gone, counters older than --stats-keep\n"
-    "(default 7d) are deleted from the stats table too.\n"
+    "(default 7d) are deleted from the stats table too. With several --db\n"
+    "(shards), each shard is purged in turn.\n"
     "A progress line is drawn when stderr is a terminal.\n"
     "--json prints {\"dry_run\", \"deleted\", \"batches\", \"complete\", \"elapsed_ms\",\n"
     "\"stats_deleted\"}\n"

@@ -4,11 +4,55 @@
  * records by status, and the duplicate ratio with DESIGN.md §8's warning
  * above 5 % (exit 3, so a cron job or a probe can alert on it).
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
 
 #define WARN_RATIO 0.05
+
+static int by_type(const void *a, const void *b)
+{
+	return strcmp(((const idem_stats_type *)a)->business_type,
+		      ((const idem_stats_type *)b)->business_type);
+}
+
+/* Add shard report s into r (counts summed; instances: the most any shard saw,
+ * since one idemd flushes to every shard). 1 when out of memory. */
+static int merge(idem_stats_report *r, const idem_stats_report *s)
+{
+	r->requests += s->requests;
+	r->duplicates += s->duplicates;
+	r->errors += s->errors;
+	if (s->instances > r->instances)
+		r->instances = s->instances;
+	for (size_t i = 0; i < s->ntypes; i++) {
+		const idem_stats_type *t = &s->types[i];
+		idem_stats_type *into = NULL;
+
+		for (size_t k = 0; k < r->ntypes && !into; k++)
+			if (strcmp(r->types[k].business_type, t->business_type) == 0)
+				into = &r->types[k];
+		if (!into) {
+			idem_stats_type *types = realloc(r->types, (r->ntypes + 1) * sizeof(*types));
+
+			if (!types)
+				return 1;
+			r->types = types;
+			into = &r->types[r->ntypes++];
+			memset(into, 0, sizeof(*into));
+			memcpy(into->business_type, t->business_type, sizeof(into->business_type));
+		}
+		for (int o = 0; o <= IDEM_OUTCOME_COUNT; o++)
+			into->outcomes[o] += t->outcomes[o];
+		into->processing += t->processing;
+		into->succeeded += t->succeeded;
+		into->failed += t->failed;
+	}
+	if (r->ntypes > 1)
+		qsort(r->types, r->ntypes, sizeof(*r->types), by_type);
+	return 0;
+}
 
 static int run(const cli_globals *g, int argc, char **argv)
 {
@@ -37,6 +81,23 @@ static int run(const cli_globals *g, int argc, char **argv)
 	if ((rc = idem_stats_read(&r, store, window_ms)) < 0) {
 		rc = cli_fail("cannot read stats", rc);
 		goto done;
+	}
+	/* Sharded: every shard's counters and records, summed. */
+	for (int i = 1; i < cli_nstores; i++) {
+		idem_stats_report s;
+
+		memset(&s, 0, sizeof(s));
+		if ((rc = idem_stats_read(&s, cli_stores[i], window_ms)) < 0) {
+			idem_stats_report_clear(&s);
+			rc = cli_fail("cannot read stats", rc);
+			goto done;
+		}
+		rc = merge(&r, &s);
+		idem_stats_report_clear(&s);
+		if (rc) {
+			fprintf(stderr, "idemctl: out of memory\n");
+			goto done;
+		}
 	}
 	ratio = r.requests > 0 ? (double)r.duplicates / (double)r.requests : 0.0;
 	if (g->json) {
@@ -104,7 +165,7 @@ const cli_command cli_stats = {
 	"seconds) over the last DUR (default 5m; 90s, 5m, 1h, 1d), and counts stored\n"
 	"records by business type and status. Prints a warning and exits 3 when the\n"
 	"duplicate ratio (replays, in-progress and mismatches over all requests) is\n"
-	"above 5 %.\n"
+	"above 5 %. With several --db (shards), every shard's counters are summed.\n"
 	"--json prints {\"window_seconds\", \"requests\", \"duplicates\", \"duplicate_ratio\",\n"
 	"\"errors\", \"instances\", \"by_type\": {TYPE: {\"first\", \"replay\", \"in_progress\",\n"
 	"\"mismatch\", \"error\", \"records\": {\"processing\", \"succeeded\", \"failed\"}}}}.\n\n"

@@ -45,6 +45,12 @@ int idem_admin_merchant_list(idem_pay *pay, idem_admin_entry_fn fn, void *ctx)
 {
 	list_ctx l = {fn, ctx};
 
+	for (int i = 0; i < pay->nshards; i++) { /* shard by shard */
+		int rc = idem_admin_merchant_list(pay->shards[i], fn, ctx);
+
+		if (rc != 0 || i == pay->nshards - 1)
+			return rc;
+	}
 	return idem_store_query(pay->store,
 	                        "SELECT id, name, created_at FROM merchants ORDER BY created_at, id",
 	                        NULL, 0, entry_row, &l);
@@ -86,7 +92,15 @@ int idem_admin_merchant_rotate_key(idem_pay *pay, const char *merchant_id,
 	key_out[0] = '\0';
 	if (!merchant_id || idem_token_validate(merchant_id, strlen(merchant_id), 64) < 0)
 		return idem__error(IDEM_ENOTFOUND, "no such merchant");
-	if ((rc = idem__rand_hex(key_id, KEY_ID_HEX / 2)) < 0 ||
+	if (pay->nshards) {
+		idem_pay *home;
+
+		if ((rc = pay__route(pay, merchant_id, &home)) < 0)
+			return rc;
+		return idem_admin_merchant_rotate_key(home, merchant_id, key_out);
+	}
+	/* The new key id names the merchant's shard, as the first one did. */
+	if ((rc = pay__new_key_id(pay, key_id)) < 0 ||
 	    (rc = idem__rand_hex(secret, KEY_SECRET_HEX / 2)) < 0)
 		return rc;
 	snprintf(key_out, IDEM_PAY_SECRET_SIZE, "sk_%s_%s", key_id, secret);
@@ -123,6 +137,11 @@ int idem_admin_channel_rotate_secret(idem_pay *pay, const char *channel,
 	secret_out[0] = '\0';
 	if (!pay__valid_channel_name(channel))
 		return idem__error(IDEM_ENOTFOUND, "no such channel");
+	if (pay->nshards) {
+		if ((rc = idem_admin_channel_rotate_secret(pay->shards[0], channel, secret_out)) < 0)
+			return rc;
+		return pay__channels_sync(pay, channel);
+	}
 	if ((rc = idem__rand_hex(secret_out, 32)) < 0)
 		return rc;
 	if ((rc = pay__secret_seal(pay, channel, secret_out, stored)) < 0)

@@ -203,7 +203,7 @@ static int create_prep(idem_txn *txn, void *ctx, idem_response *resp)
 	if (rc < 0)
 		goto done;
 	if (!p.found) {
-		if ((rc = pay__new_id(j->id, "pay_")) < 0)
+		if ((rc = pay__new_id(j->id, "pay_", c->pay->shard)) < 0)
 			goto done;
 		rc = insert_creating(txn, c, j->id, now);
 		if (rc == IDEM_ECONFLICT) /* inserted meanwhile under another key */

@@ -203,12 +203,16 @@ int pay__valid_channel_name(const char *s)
 	return 1;
 }
 
-int pay__new_id(char out[IDEM_PAY_ID_SIZE], const char *prefix)
+int pay__new_id(char out[IDEM_PAY_ID_SIZE], const char *prefix, int shard)
 {
 	size_t n = strlen(prefix);
 
 	memcpy(out, prefix, n);
-	return idem__rand_hex(out + n, 16);
+	if (shard <= 0)
+		return idem__rand_hex(out + n, 16);
+	/* Same length as a shard 0 id: "s" and three digits take four hex digits' room. */
+	snprintf(out + n, 5, "s%03d", shard % 1000);
+	return idem__rand_hex(out + n + 4, 14);
 }
 
 int64_t pay__now(const idem_pay *pay)

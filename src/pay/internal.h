@@ -15,6 +15,8 @@ typedef struct pay__authcache pay__authcache;
 typedef struct pay__chanstate pay__chanstate; /* pay/chanclient.c */
 typedef struct pay__pool pay__pool;           /* pay/chanpool.c */
 typedef struct pay__sweeper pay__sweeper;     /* pay/sweeper.c */
+typedef struct pay__dir pay__dir;             /* pay/shards.c */
+typedef struct pay__saga pay__saga;           /* pay/saga.c */
 
 struct idem_pay {
 	idem_store *store;
@@ -32,6 +34,15 @@ struct idem_pay {
 	pay__pool *pool;                /* channel workers, started at the first call */
 	pay__sweeper *sweeper;          /* NULL unless idem_pay_sweeper_start */
 	char public_url[512];           /* opts.public_url, copied ("" when none) */
+	/* Sharding by merchant (pay/shards.c, docs/scaling.md). A router has
+	 * nshards > 0 and one plain handle per shard; store is shard 0's. A
+	 * shard knows its router and number; a plain handle is shard 0 alone. */
+	int nshards;
+	idem_pay **shards;
+	pay__dir *dir;        /* the router's cache of merchant -> shard */
+	idem_pay *router;     /* a shard's router; NULL for a router or plain handle */
+	int shard;            /* this handle's shard number (ids and key ids carry it) */
+	pay__saga *saga;      /* the router's transfer driver (NULL: none runs) */
 };
 
 /* ---- connected channels (pay/channel.h has the rest) ---- */
@@ -134,8 +145,46 @@ int pay__valid_channel_name(const char *s);
 
 /* ---- ids and time ---- */
 
-/* prefix + 32 random hex digits. */
-int pay__new_id(char out[IDEM_PAY_ID_SIZE], const char *prefix);
+/*
+ * A new id for a row of shard: prefix + 32 random hex digits on shard 0 (the
+ * ids of one store, unchanged), prefix + "s" + three decimal digits of the
+ * shard + 28 random hex digits on another (pay/shards.c).
+ */
+int pay__new_id(char out[IDEM_PAY_ID_SIZE], const char *prefix, int shard);
+/* The shard an id of ours names (0 when it names none); -1 for no id. */
+int pay__id_shard(const char *id);
+/* An API key id for pay's shard: 16 hex digits on shard 0, else "s" + the
+ * shard's three digits + 12 hex digits (16 characters either way). */
+int pay__new_key_id(const idem_pay *pay, char out[17]);
+
+/* ---- shards (pay/shards.c) ---- */
+
+/*
+ * The handle merchant's requests go to: pay itself when it is not a router,
+ * else the shard the directory names (from memory, else one read on shard
+ * 0). A merchant the directory does not know goes to shard 0, which answers
+ * for it as for any unknown merchant. Negative: the directory read failed,
+ * or names a shard not configured (IDEM_ESTORE).
+ */
+int pay__route(idem_pay *pay, const char *merchant, idem_pay **out);
+/* pay__route for an async write: NULL after answering done with the error. */
+idem_pay *pay__route_async(idem_pay *pay, const char *merchant, idem_done_fn done,
+                           void *done_ctx);
+/* A notification's shard: the one its body's payment_id names (shard 0 when
+ * the body names none, which then answers it as malformed or unknown). */
+idem_pay *pay__route_notify(idem_pay *pay, const idem_pay_request *rq);
+/* The directory's shard of merchant (*found 0 when it has none). Router only. */
+int pay__dir_lookup(idem_pay *pay, const char *merchant, int *shard, int *found);
+/* Remember merchant -> shard (a merchant never moves). */
+void pay__dir_remember(idem_pay *pay, const char *merchant, int shard);
+/* Write the directory row (merchant, shard) in txn (shard 0's store). */
+int pay__dir_insert(idem_txn *txn, const char *merchant, int shard, int64_t now);
+/* Copy channel name's row from shard 0 to every other shard (all: name NULL). */
+int pay__channels_sync(idem_pay *router, const char *name);
+void pay__dir_free(pay__dir *d);
+
+/* Stop the transfer driver, if one runs. */
+void pay__saga_stop(idem_pay *pay);
 int64_t pay__now(const idem_pay *pay);
 /* RFC 3339 UTC with milliseconds. */
 void pay__time(char out[32], int64_t ms);
@@ -185,6 +234,7 @@ typedef struct {
 	void *done_ctx;
 	idem_work_fn work;                  /* two phases: run on a thread of its own */
 	void (*before_work)(idem_pay *pay);
+	int to_shard;                       /* a transfer between shards: the payee's */
 } pay__op;
 
 /* A new op for rq, or NULL after calling done with IDEM_ENOMEM. */
@@ -207,6 +257,14 @@ void pay__op_request(pay__op *op, const char *type, const char *natural, int64_t
  */
 void pay__start(pay__op *op, const char *type, const char *natural, int64_t ttl_ms,
                 idem_work_fn work, void (*before_work)(idem_pay *pay), int backstop);
+
+/*
+ * A transfer to a merchant on another shard, step 1 of the saga (saga.c):
+ * in the request's unit on the payer's shard, debit the payer and write the
+ * outbox row; answers 202 "pending". The driver does the rest.
+ */
+int pay__saga_debit(idem_txn *txn, pay__op *c, const char *to, int to_shard,
+                    idem_response *resp);
 
 /* The synchronous form of an async write: wait for its answer. */
 typedef void (*pay__async_fn)(idem_pay *, const idem_pay_request *, idem_done_fn, void *);

@@ -78,6 +78,11 @@ void idem_pay_close(idem_pay *pay)
 {
 	if (!pay)
 		return;
+	pay__saga_stop(pay);
+	for (int i = 0; i < pay->nshards; i++)
+		idem_pay_close(pay->shards[i]);
+	free(pay->shards);
+	pay__dir_free(pay->dir);
 	/* Two-phase requests hold the store: let them answer first. */
 	pthread_mutex_lock(&pay->channels_lock);
 	while (pay->two_phase > 0)
@@ -85,7 +90,8 @@ void idem_pay_close(idem_pay *pay)
 	pthread_mutex_unlock(&pay->channels_lock);
 	pay__sweeper_stop(pay);
 	pay__pool_stop(pay->pool); /* runs what is queued: each call answers */
-	pay__chanstate_free(pay->chans);
+	if (!pay->router) /* a shard shares its router's */
+		pay__chanstate_free(pay->chans);
 	pthread_mutex_destroy(&pay->pool_lock);
 	pay__authcache_free(pay->auth);
 	OPENSSL_cleanse(pay->secret_key, sizeof(pay->secret_key));
@@ -109,6 +115,7 @@ typedef struct {
 	char key_id[KEY_ID_HEX + 1];
 	char digest[65];
 	int64_t now;
+	int directory; /* write the directory row (shard 0) in the same transaction */
 } merchant_new;
 
 static int insert_merchant(idem_txn *txn, void *ctx)
@@ -116,11 +123,27 @@ static int insert_merchant(idem_txn *txn, void *ctx)
 	merchant_new *m = ctx;
 	idem_value p[5] = {IDEM_V_TEXT(m->id), IDEM_V_TEXT(m->name), IDEM_V_TEXT(m->key_id),
 	                   IDEM_V_TEXT(m->digest), IDEM_V_INT(m->now)};
+	int rc;
 
+	if (m->directory && (rc = pay__dir_insert(txn, m->id, 0, m->now)) < 0)
+		return rc;
 	return idem_txn_exec(txn,
 	                     "INSERT INTO merchants (id, name, key_id, key_digest, created_at)"
 	                     " VALUES (?, ?, ?, ?, ?)",
 	                     p, 5, NULL);
+}
+
+typedef struct {
+	const char *id;
+	int shard;
+	int64_t now;
+} dir_new_row;
+
+static int insert_dir_row(idem_txn *txn, void *ctx)
+{
+	dir_new_row *d = ctx;
+
+	return pay__dir_insert(txn, d->id, d->shard, d->now);
 }
 
 /*
@@ -169,7 +192,8 @@ int idem_pay_merchant_add(idem_pay *pay, const char *name, char id_out[IDEM_PAY_
 {
 	merchant_new m = {0};
 	char secret[KEY_SECRET_HEX + 1];
-	int rc;
+	idem_pay *home = pay;
+	int rc, shard = 0;
 
 	id_out[0] = key_out[0] = '\0';
 	if (!valid_name(name))
@@ -177,18 +201,34 @@ int idem_pay_merchant_add(idem_pay *pay, const char *name, char id_out[IDEM_PAY_
 		                                " control characters");
 	m.name = name;
 	m.now = pay__now(pay);
-	if ((rc = pay__new_id(m.id, "m_")) < 0 ||
-	    (rc = idem__rand_hex(m.key_id, KEY_ID_HEX / 2)) < 0 ||
+	if ((rc = pay__new_id(m.id, "m_", 0)) < 0)
+		return rc;
+	if (pay->nshards) {
+		/* Its shard, recorded before its row exists: a crash in between leaves a
+		 * directory row naming nobody, never a merchant the directory lacks. */
+		dir_new_row d = {m.id, 0, m.now};
+
+		if ((shard = idem_pay_shard_of(m.id, pay->nshards)) < 0)
+			return shard;
+		home = pay->shards[shard];
+		d.shard = shard;
+		if (shard != 0 &&
+		    (rc = idem_store_transact(pay->shards[0]->store, insert_dir_row, &d)) < 0)
+			return rc;
+	}
+	m.directory = shard == 0;
+	if ((rc = pay__new_key_id(home, m.key_id)) < 0 ||
 	    (rc = idem__rand_hex(secret, KEY_SECRET_HEX / 2)) < 0)
 		return rc;
 	snprintf(key_out, IDEM_PAY_SECRET_SIZE, "sk_%s_%s", m.key_id, secret);
 	sha256_hex(m.digest, key_out, strlen(key_out));
 	OPENSSL_cleanse(secret, sizeof(secret));
-	if ((rc = idem_store_transact(pay->store, insert_merchant, &m)) < 0) {
+	if ((rc = idem_store_transact(home->store, insert_merchant, &m)) < 0) {
 		OPENSSL_cleanse(key_out, IDEM_PAY_SECRET_SIZE);
 		key_out[0] = '\0';
 		return rc;
 	}
+	pay__dir_remember(pay, m.id, shard);
 	memcpy(id_out, m.id, IDEM_PAY_ID_SIZE);
 	return 0;
 }
@@ -215,6 +255,12 @@ int idem_pay_channel_add(idem_pay *pay, const char *name, char secret_out[IDEM_P
 	int rc;
 
 	secret_out[0] = '\0';
+	if (pay->nshards) {
+		/* Written on shard 0, then copied to the others as it is stored. */
+		if ((rc = idem_pay_channel_add(pay->shards[0], name, secret_out)) < 0)
+			return rc;
+		return pay__channels_sync(pay, name);
+	}
 	if (!pay__valid_channel_name(name))
 		return idem__error(IDEM_EINVAL, "channel name must be 1..%d of [a-z0-9_-]",
 		                   IDEM_PAY_CHANNEL_MAX);
@@ -235,6 +281,16 @@ int idem_pay_channel_add(idem_pay *pay, const char *name, char secret_out[IDEM_P
 int idem_pay_merchant_count(idem_pay *pay, int64_t *out)
 {
 	*out = 0;
+	for (int i = 0; i < pay->nshards; i++) {
+		int64_t n = 0;
+		int rc = idem_pay_merchant_count(pay->shards[i], &n);
+
+		if (rc < 0)
+			return rc;
+		*out += n;
+	}
+	if (pay->nshards)
+		return 0;
 	return idem_store_query(pay->store, "SELECT count(*) FROM merchants", NULL, 0, idem_row_int,
 	                        out);
 }
@@ -269,6 +325,17 @@ int idem_pay_authenticate(idem_pay *pay, const char *api_key, size_t len,
 	if (!api_key || len != 3 + KEY_ID_HEX + 1 + KEY_SECRET_HEX ||
 	    memcmp(api_key, "sk_", 3) != 0 || api_key[3 + KEY_ID_HEX] != '_')
 		return IDEM_ENOTFOUND;
+	if (pay->nshards) {
+		/* The key id names its shard ("s" + three digits; else shard 0): one
+		 * shard is asked, and what it confirms fills the directory cache. */
+		int shard = api_key[3] == 's' ? pay__id_shard(api_key) : 0;
+
+		if (shard < 0 || shard >= pay->nshards)
+			return IDEM_ENOTFOUND;
+		if ((rc = idem_pay_authenticate(pay->shards[shard], api_key, len, id_out)) == 0)
+			pay__dir_remember(pay, id_out, shard);
+		return rc;
+	}
 	sha256_hex(digest, api_key, len);
 	if (pay->auth && pay__authcache_get(pay->auth, digest, pay__now(pay), id_out))
 		return 0;
@@ -351,6 +418,9 @@ int idem_pay_set_secret_key(idem_pay *pay, const unsigned char key[32])
 	sealed_row row = {"", "", 0};
 	int rc;
 
+	for (int i = 0; i < pay->nshards; i++)
+		if ((rc = idem_pay_set_secret_key(pay->shards[i], key)) < 0)
+			return rc;
 	/* A sealed secret, if any, says whether this is the key they were sealed with. */
 	rc = idem_store_query(pay->store,
 	                      "SELECT name, secret FROM channels WHERE secret LIKE 'v1:%'"
@@ -440,6 +510,20 @@ int idem_admin_channel_rekey(idem_pay *pay, const unsigned char *new_key, int64_
 
 	if (changed_out)
 		*changed_out = 0;
+	if (pay->nshards) {
+		/* Each shard's copy of the channels, then the router's own key. */
+		for (int i = 0; i < pay->nshards; i++) {
+			int64_t n = 0;
+
+			if ((rc = idem_admin_channel_rekey(pay->shards[i], new_key, &n)) < 0)
+				return rc;
+			if (i == 0 && changed_out)
+				*changed_out = n;
+		}
+		if (new_key)
+			memcpy(pay->secret_key, new_key, sizeof(pay->secret_key));
+		return 0;
+	}
 	if (!pay->has_secret_key)
 		return idem__error(IDEM_EINVAL, "rekey needs the current secret key (--secret-key-file)");
 	k.from = pay->secret_key;
@@ -486,6 +570,8 @@ int idem_pay_verify_signature(idem_pay *pay, const char *channel, const char *si
 	idem_value p[1];
 	int rc;
 
+	if (pay->nshards) /* shard 0 holds the channels */
+		return idem_pay_verify_signature(pay->shards[0], channel, sig, sig_len, body, len);
 	if (!pay__valid_channel_name(channel) || !sig || sig_len != 64 || unhex(got, sig, 32) < 0)
 		return IDEM_ENOTFOUND;
 	p[0] = IDEM_V_TEXT(channel);
@@ -540,6 +626,8 @@ pay__pool *pay__pool_get(idem_pay *pay)
 {
 	pay__pool *p;
 
+	if (pay->router) /* one pool of channel workers for all shards */
+		return pay__pool_get(pay->router);
 	pthread_mutex_lock(&pay->pool_lock);
 	if (!pay->pool && pay__pool_start(&pay->pool, pay->opts.channel_workers,
 	                                  pay->opts.channel_queue) < 0)
@@ -646,6 +734,11 @@ int idem_pay_channel_connect(idem_pay *pay, const char *name, const char *base_u
 		while (n > 8 && url[n - 1] == '/')
 			url[--n] = '\0';
 		c.url = url;
+	}
+	if (pay->nshards) {
+		if ((rc = idem_pay_channel_connect(pay->shards[0], name, base_url, timeout_ms)) < 0)
+			return rc;
+		return pay__channels_sync(pay, name);
 	}
 	if ((rc = idem_store_transact(pay->store, connect_step, &c)) < 0)
 		return rc;

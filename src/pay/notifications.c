@@ -116,12 +116,14 @@ static const pay__field notify_fields[] = {
 void idem_pay_notify_async(idem_pay *pay, const idem_pay_request *rq, idem_done_fn done,
                            void *done_ctx)
 {
-	pay__op *c = pay__op_new(pay, rq, done, done_ctx);
+	pay__op *c;
 	const char *notify_id;
 	idem_result *out;
 	int rc;
 
-	if (!c)
+	/* The payment id names its shard: the notification goes there alone. */
+	pay = pay__route_notify(pay, rq);
+	if (!(c = pay__op_new(pay, rq, done, done_ctx)))
 		return;
 	out = &c->res;
 	if ((rc = pay__parse_request(&c->doc, out, rq, notify_fields,

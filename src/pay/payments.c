@@ -189,7 +189,7 @@ static int create_payment_work(idem_txn *txn, void *vctx, idem_response *resp)
 		rc = pay__problem(resp, 400, "invalid_request", "'channel' names no known channel");
 		goto done;
 	}
-	if ((rc = pay__new_id(p.id, "pay_")) < 0)
+	if ((rc = pay__new_id(p.id, "pay_", c->pay->shard)) < 0)
 		goto done;
 	if (meta && !(meta_text = json_dumps(meta, JSON_COMPACT | JSON_SORT_KEYS))) {
 		rc = idem__error(IDEM_ENOMEM, "out of memory");
@@ -258,12 +258,13 @@ static const pay__field payment_fields[] = {
 void idem_pay_create_payment_async(idem_pay *pay, const idem_pay_request *rq, idem_done_fn done,
                                    void *done_ctx)
 {
-	pay__op *c = pay__op_new(pay, rq, done, done_ctx);
+	pay__op *c;
 	idem_result *out;
 	const char *order_no;
 	int rc;
 
-	if (!c)
+	if (!(pay = pay__route_async(pay, rq->caller, done, done_ctx)) ||
+	    !(c = pay__op_new(pay, rq, done, done_ctx)))
 		return;
 	out = &c->res;
 	if ((rc = pay__parse_request(&c->doc, out, rq, payment_fields,
@@ -319,6 +320,8 @@ int idem_pay_get_payment(idem_result *out, idem_pay *pay, const char *merchant, 
 	int rc;
 
 	memset(out, 0, sizeof(*out));
+	if ((rc = pay__route(pay, merchant, &pay)) < 0)
+		return rc;
 	if ((rc = pay__payment_load(pay, NULL, &p, merchant, id)) == 0)
 		rc = answer_payment(out, &p);
 	pay__payment_clear(&p);
@@ -335,6 +338,8 @@ int idem_pay_find_payment(idem_result *out, idem_pay *pay, const char *merchant,
 	if (idem_natural_key_validate(merchant_order_no, strlen(merchant_order_no)) < 0)
 		return pay__reject(out, 400, "invalid_request",
 		                   "'merchant_order_no' must be 1..64 of A-Z a-z 0-9 _ - .");
+	if ((rc = pay__route(pay, merchant, &pay)) < 0)
+		return rc;
 	if ((rc = pay__payment_load_by_order(pay, NULL, &p, merchant, merchant_order_no)) == 0)
 		rc = answer_payment(out, &p);
 	pay__payment_clear(&p);

@@ -31,6 +31,10 @@ int idem_pay_get_balance(idem_result *out, idem_pay *pay, const char *merchant)
 	memset(out, 0, sizeof(*out));
 	if (!list)
 		return idem__error(IDEM_ENOMEM, "out of memory");
+	if ((rc = pay__route(pay, merchant, &pay)) < 0) {
+		json_decref(list);
+		return rc;
+	}
 	rc = idem_store_query(pay->store,
 	                      "SELECT currency, amount FROM balances WHERE merchant_id = ?"
 	                      " ORDER BY currency",
@@ -52,6 +56,8 @@ int idem_pay_get_record(idem_result *out, idem_pay *pay, const char *merchant,
 	int rc;
 
 	memset(out, 0, sizeof(*out));
+	if ((rc = pay__route(pay, merchant, &pay)) < 0)
+		return rc;
 	rc = idem_record_get(&info, pay->store, merchant, business_type, key, key_len);
 	if (rc == IDEM_ENOTFOUND || rc == IDEM_EINVAL)
 		return pay__reject(out, 404, "not_found", "no such idempotency record");

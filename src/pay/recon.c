@@ -465,8 +465,25 @@ static void dispatch(job *j, int64_t line, int64_t amount)
 	s->req.key_len = strlen(s->txn);
 	s->req.fingerprint = s->fp;
 	s->req.ttl_ms = j->opts.ttl_ms;
-	/* The lock is not held: without group commit, done runs right here. */
-	idem_execute_async(j->pay->store, &s->req, recon_work, s, recon_done, s);
+	/* The lock is not held: without group commit, done runs right here.
+	 * Sharded: the row is the business of its merchant's shard (a merchant
+	 * the directory does not know is matched on shard 0: missing_local). */
+	{
+		idem_pay *home = j->pay;
+
+		if ((rc = pay__route(j->pay, s->merchant, &home)) < 0) {
+			pthread_mutex_lock(&j->lock);
+			if (!j->err) {
+				j->err = rc;
+				j->err_detail = *idem_error_last();
+			}
+			j->stop = 1;
+			release_slot(j, s);
+			pthread_mutex_unlock(&j->lock);
+			return;
+		}
+		idem_execute_async(home->store, &s->req, recon_work, s, recon_done, s);
+	}
 }
 
 /* ---- CSV callbacks --------------------------------------------------------- */

@@ -255,7 +255,7 @@ static int reserve(idem_txn *txn, pay__op *c, idem_response *resp, int to_channe
 		rc = rc < 0 ? rc : 0;
 		goto done;
 	}
-	if ((rc = pay__new_id(r.id, "re_")) < 0 ||
+	if ((rc = pay__new_id(r.id, "re_", c->pay->shard)) < 0 ||
 	    (rc = write_refund(txn, c, &p, r.id, to_channel ? "creating" : "succeeded", now)) < 0)
 		goto done;
 	if (to_channel) {
@@ -287,12 +287,13 @@ static const pay__field refund_fields[] = {
 void idem_pay_refund_async(idem_pay *pay, const idem_pay_request *rq, idem_done_fn done,
                            void *done_ctx)
 {
-	pay__op *c = pay__op_new(pay, rq, done, done_ctx);
+	pay__op *c;
 	const char *no;
 	idem_result *out;
 	int rc;
 
-	if (!c)
+	if (!(pay = pay__route_async(pay, rq->caller, done, done_ctx)) ||
+	    !(c = pay__op_new(pay, rq, done, done_ctx)))
 		return;
 	out = &c->res;
 	if ((rc = pay__parse_request(&c->doc, out, rq, refund_fields,

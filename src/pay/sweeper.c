@@ -435,6 +435,18 @@ int idem_pay_sweep(idem_pay *pay, int64_t age_ms, int *ran, int *resolved)
 		*resolved = 0;
 	if (!pay || age_ms < 0)
 		return idem__error(IDEM_EINVAL, "idem_pay_sweep: bad arguments");
+	for (int i = 0; i < pay->nshards; i++) { /* each shard has its own lease */
+		int r = 0, n = 0;
+
+		if ((rc = idem_pay_sweep(pay->shards[i], age_ms, &r, &n)) < 0)
+			return rc;
+		if (ran)
+			*ran |= r;
+		if (resolved)
+			*resolved += n;
+	}
+	if (pay->nshards)
+		return 0;
 	if ((rc = idem__rand_hex(holder, 16)) < 0)
 		return rc;
 	now = pay__now(pay);
@@ -528,6 +540,14 @@ int idem_pay_sweeper_start(idem_pay *pay, int64_t interval_ms, int64_t age_ms)
 
 	if (!pay || interval_ms < 10 || age_ms < 0)
 		return idem__error(IDEM_EINVAL, "sweeper: interval >= 10 ms, age >= 0");
+	for (int i = 0; i < pay->nshards; i++) { /* one sweeper per shard */
+		int rc = idem_pay_sweeper_start(pay->shards[i], interval_ms, age_ms);
+
+		if (rc < 0)
+			return rc;
+	}
+	if (pay->nshards)
+		return 0;
 	if (pay->sweeper)
 		return idem__error(IDEM_EINVAL, "the sweeper runs already");
 	if (!(s = calloc(1, sizeof(*s))))

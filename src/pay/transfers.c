@@ -116,7 +116,7 @@ static int transfer_work(idem_txn *txn, void *vctx, idem_response *resp)
 		if (!fits)
 			return pay__overflow_problem(resp);
 	}
-	if ((rc = pay__new_id(t.id, "tr_")) < 0)
+	if ((rc = pay__new_id(t.id, "tr_", c->pay->shard)) < 0)
 		return rc;
 	{
 		idem_value v[8] = {IDEM_V_TEXT(t.id),  IDEM_V_TEXT(no),    IDEM_V_TEXT(from),
@@ -138,6 +138,14 @@ static int transfer_work(idem_txn *txn, void *vctx, idem_response *resp)
 	return answer_transfer(resp, 201, &t);
 }
 
+/* A transfer to another shard: step 1 of the saga (pay/saga.c). */
+static int saga_work(idem_txn *txn, void *vctx, idem_response *resp)
+{
+	pay__op *c = vctx;
+
+	return pay__saga_debit(txn, c, pay__str(c->doc, "to_merchant"), c->to_shard, resp);
+}
+
 static const pay__field transfer_fields[] = {
     {"transfer_no", F_STRING, 0, V_NATURAL_KEY, 1},
     {"to_merchant", F_STRING, 1, V_ID, 0},
@@ -148,12 +156,13 @@ static const pay__field transfer_fields[] = {
 void idem_pay_transfer_async(idem_pay *pay, const idem_pay_request *rq, idem_done_fn done,
                              void *done_ctx)
 {
-	pay__op *c = pay__op_new(pay, rq, done, done_ctx);
+	pay__op *c;
 	const char *no, *to;
 	idem_result *out;
-	int rc;
+	int rc, shard = 0, found = 0;
 
-	if (!c)
+	if (!(pay = pay__route_async(pay, rq->caller, done, done_ctx)) ||
+	    !(c = pay__op_new(pay, rq, done, done_ctx)))
 		return;
 	out = &c->res;
 	if ((rc = pay__parse_request(&c->doc, out, rq, transfer_fields,
@@ -167,7 +176,17 @@ void idem_pay_transfer_async(idem_pay *pay, const idem_pay_request *rq, idem_don
 	/* The one check a field table cannot say: the payee is someone else. */
 	if (strcmp(to, rq->caller) == 0)
 		rc = pay__reject(out, 400, "invalid_request", "'to_merchant' cannot be the sender");
-	else if ((rc = pay__fingerprint(c->fp, rq, c->doc)) == 0) {
+	else if (pay->router && (rc = pay__dir_lookup(pay->router, to, &shard, &found)) < 0)
+		; /* the directory is unreadable: 503, nothing claimed */
+	else if (found && shard != pay->shard) {
+		/* Both ledgers cannot be one transaction across shards: the saga,
+		 * whose first step is this request's own unit on the payer's shard. */
+		if ((rc = pay__fingerprint(c->fp, rq, c->doc)) == 0) {
+			c->to_shard = shard;
+			pay__start(c, "transfer", no, pay->opts.ttl_ms, saga_work, NULL, 1);
+			return;
+		}
+	} else if ((rc = pay__fingerprint(c->fp, rq, c->doc)) == 0) {
 		pay__start(c, "transfer", no, pay->opts.ttl_ms, transfer_work, NULL, 1);
 		return;
 	}

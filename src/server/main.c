@@ -28,7 +28,8 @@ static void usage(FILE *f)
 	    "\n"
 	    "options (environment fallback in brackets):\n"
 	    "  --listen HOST:PORT        address to listen on [IDEM_LISTEN] (127.0.0.1:8080)\n"
-	    "  --db URL                  store URL [IDEM_DB] (sqlite:idem.db)\n"
+	    "  --db URL                  store URL [IDEM_DB] (sqlite:idem.db); given again,\n"
+	    "                            one shard each, in order (docs/scaling.md)\n"
 	    "  --threads N               HTTP worker threads [IDEM_THREADS] (8)\n"
 	    "  --idempotency-ttl DUR     record retention, e.g. 24h, 30m, 90s "
 	    "[IDEM_IDEMPOTENCY_TTL] (24h)\n"
@@ -71,6 +72,10 @@ static void usage(FILE *f)
 	    "                            'creating', 0 = never [IDEM_SWEEP_INTERVAL_MS] (10000)\n"
 	    "  --sweep-age-ms MS         how old such a payment must be first\n"
 	    "                            [IDEM_SWEEP_AGE_MS] (30000)\n"
+	    "  --transfer-drive-ms MS    sharded: how often transfers between shards are\n"
+	    "                            driven on (0 = never) [IDEM_TRANSFER_DRIVE_MS] (200)\n"
+	    "  --transfer-step-delay-ms MS  tests: pause between a transfer's credit and\n"
+	    "                            its outbox row settling [IDEM_TRANSFER_STEP_DELAY_MS] (0)\n"
 	    "  --secret-key-file PATH    seal channel secrets at rest with this key (32 bytes\n"
 	    "                            or 64 hex digits, mode 600) [IDEM_SECRET_KEY_FILE]\n"
 	    "  -h, --help                this text\n"
@@ -146,7 +151,18 @@ typedef enum {
 	OPT_SWEEP_INTERVAL,
 	OPT_SWEEP_AGE,
 	OPT_REQUEST_DEADLINE,
+	OPT_TRANSFER_DRIVE,
+	OPT_TRANSFER_STEP_DELAY,
 } opt_id;
+
+/* --db given again: shards 1.. (cfg.db is shard 0), docs/scaling.md "Sharding". */
+#define MAX_SHARDS 64
+static char shard_db[MAX_SHARDS][1024];
+static int nshard_db; /* --db flags seen: the first replaces IDEM_DB, the next add shards */
+/* Transfers between shards: how often the driver looks for pending ones, and
+ * (tests) a pause between a credit and the settling of its outbox row. */
+static int transfer_drive_ms = 200;
+static int transfer_step_delay_ms;
 
 /* --secret-key-file: kept here, read once the store is open. */
 static char secret_key_file[4096];
@@ -181,6 +197,8 @@ static const struct {
     {OPT_SWEEP_INTERVAL, "IDEM_SWEEP_INTERVAL_MS"},
     {OPT_SWEEP_AGE, "IDEM_SWEEP_AGE_MS"},
     {OPT_REQUEST_DEADLINE, "IDEM_REQUEST_TIMEOUT_MS"},
+    {OPT_TRANSFER_DRIVE, "IDEM_TRANSFER_DRIVE_MS"},
+    {OPT_TRANSFER_STEP_DELAY, "IDEM_TRANSFER_STEP_DELAY_MS"},
 };
 
 static int apply(server_config *c, opt_id id, const char *v, const char *from)
@@ -191,7 +209,17 @@ static int apply(server_config *c, opt_id id, const char *v, const char *from)
 	case OPT_LISTEN:
 		bad = snprintf(c->listen, sizeof(c->listen), "%s", v) >= (int)sizeof(c->listen);
 		break;
-	case OPT_DB: bad = snprintf(c->db, sizeof(c->db), "%s", v) >= (int)sizeof(c->db); break;
+	case OPT_DB:
+		if (strcmp(from, "IDEM_DB") == 0 || nshard_db == 0)
+			bad = snprintf(c->db, sizeof(c->db), "%s", v) >= (int)sizeof(c->db);
+		else if (nshard_db >= MAX_SHARDS)
+			bad = 1;
+		else
+			bad = snprintf(shard_db[nshard_db], sizeof(shard_db[0]), "%s", v) >=
+			      (int)sizeof(shard_db[0]);
+		if (strcmp(from, "IDEM_DB") != 0)
+			nshard_db++;
+		break;
 	case OPT_THREADS: bad = parse_int(v, 1, 256, &c->threads); break;
 	case OPT_TTL: bad = parse_duration_ms(v, &c->ttl_ms); break;
 	case OPT_LOG_FORMAT:
@@ -218,6 +246,8 @@ static int apply(server_config *c, opt_id id, const char *v, const char *from)
 	case OPT_WRITERS: bad = parse_int(v, 1, 64, &c->writers); break;
 	case OPT_QUEUE_TIMEOUT: bad = parse_int(v, 0, 600000, &c->queue_timeout_ms); break;
 	case OPT_REQUEST_DEADLINE: bad = parse_int(v, 0, 600000, &request_deadline_ms); break;
+	case OPT_TRANSFER_DRIVE: bad = parse_int(v, 0, 3600000, &transfer_drive_ms); break;
+	case OPT_TRANSFER_STEP_DELAY: bad = parse_int(v, 0, 600000, &transfer_step_delay_ms); break;
 	case OPT_CACHE_MB: bad = parse_int(v, 0, 65536, &c->cache_mb); break;
 	case OPT_CACHE_ENTRIES: bad = parse_int(v, 0, 100000000, &c->cache_entries); break;
 	case OPT_SECRET_KEY_FILE:
@@ -258,6 +288,8 @@ static int configure(server_config *c, int argc, char **argv)
 	    {"writers", required_argument, NULL, OPT_WRITERS},
 	    {"queue-timeout-ms", required_argument, NULL, OPT_QUEUE_TIMEOUT},
 	    {"request-timeout-ms", required_argument, NULL, OPT_REQUEST_DEADLINE},
+	    {"transfer-drive-ms", required_argument, NULL, OPT_TRANSFER_DRIVE},
+	    {"transfer-step-delay-ms", required_argument, NULL, OPT_TRANSFER_STEP_DELAY},
 	    {"cache-mb", required_argument, NULL, OPT_CACHE_MB},
 	    {"cache-entries", required_argument, NULL, OPT_CACHE_ENTRIES},
 	    {"secret-key-file", required_argument, NULL, OPT_SECRET_KEY_FILE},
@@ -353,7 +385,9 @@ int main(int argc, char **argv)
 	idem_pay_opts po = IDEM_PAY_OPTS_INIT;
 	server_state st = {0};
 	http_server *http = NULL;
-	idem_stats_flusher *stats = NULL;
+	idem_stats_flusher *stats[MAX_SHARDS] = {NULL};
+	idem_store *stores[MAX_SHARDS] = {NULL};
+	int nstores = nshard_db > 1 ? nshard_db : 1;
 	sigset_t sigs;
 	char err[256];
 	int rc, sig = 0, exit_code = 1;
@@ -390,11 +424,15 @@ int main(int argc, char **argv)
 	so.cache_bytes = (size_t)cfg.cache_mb << 20;
 	so.cache_entries = (size_t)cfg.cache_entries;
 	so.default_ttl_ms = cfg.ttl_ms;
-	if ((rc = idem_store_open(&st.store, cfg.db, &so)) < 0) {
-		log_msg("error", "cannot open store: %s: %s", idem_strerror(rc),
-		        idem_error_last()->message);
-		goto done;
-	}
+	nstores = nshard_db > 1 ? nshard_db : 1;
+	/* Shard i is the i-th --db; a store of its own each (schema migrated). */
+	for (int i = 0; i < nstores; i++)
+		if ((rc = idem_store_open(&stores[i], i == 0 ? cfg.db : shard_db[i], &so)) < 0) {
+			log_msg("error", "cannot open store%s: %s: %s", i ? " (shard)" : "",
+			        idem_strerror(rc), idem_error_last()->message);
+			goto done;
+		}
+	st.store = stores[0]; /* /healthz and /metrics read shard 0's */
 	po.ttl_ms = cfg.ttl_ms;
 	po.mock_channel_delay_ms = cfg.mock_channel_delay_ms;
 	po.channel_workers = cfg.channel_workers;
@@ -402,7 +440,7 @@ int main(int argc, char **argv)
 	if (!cfg.public_url[0])
 		snprintf(cfg.public_url, sizeof(cfg.public_url), "http://%s", cfg.listen);
 	po.public_url = cfg.public_url;
-	if ((rc = idem_pay_open(&st.pay, st.store, &po)) < 0) {
+	if ((rc = idem_pay_open_shards(&st.pay, stores, nstores, &po)) < 0) {
 		log_msg("error", "cannot start: %s", idem_error_last()->message);
 		goto done;
 	}
@@ -414,10 +452,17 @@ int main(int argc, char **argv)
 		log_msg("error", "cannot start the sweeper: %s", idem_error_last()->message);
 		goto done;
 	}
+	/* Transfers between shards: pending outbox rows, from any instance. */
+	if (nstores > 1 && transfer_drive_ms > 0 &&
+	    idem_pay_transfer_driver_start(st.pay, transfer_drive_ms, transfer_step_delay_ms) < 0) {
+		log_msg("error", "cannot start the transfer driver: %s", idem_error_last()->message);
+		goto done;
+	}
 	/* Outcome counters go to the store every few seconds, so that
 	 * `idemctl stats` sees every instance (never a write per request). */
-	if (idem_stats_flusher_start(&stats, st.store, NULL) < 0)
-		log_msg("warn", "stats flusher not started: %s", idem_error_last()->message);
+	for (int i = 0; i < nstores; i++)
+		if (idem_stats_flusher_start(&stats[i], stores[i], NULL) < 0)
+			log_msg("warn", "stats flusher not started: %s", idem_error_last()->message);
 	st.cfg = &cfg;
 	if (http_start(&http, &st, err, sizeof(err)) < 0) {
 		log_msg("error", "%s", err);
@@ -425,10 +470,13 @@ int main(int argc, char **argv)
 	}
 	log_msg("info",
 	        "idemd %s listening on %s (port %d), store %s, %d threads, ttl %llds, batch %d, "
-	        "cache %d MiB%s",
+	        "cache %d MiB%s%s",
 	        IDEM_VERSION, cfg.listen, http_port(http), idem_store_backend(st.store),
 	        cfg.threads, (long long)(cfg.ttl_ms / 1000), cfg.batch_max, cfg.cache_mb,
-	        cfg.synchronous_full ? "" : ", synchronous=NORMAL");
+	        cfg.synchronous_full ? "" : ", synchronous=NORMAL",
+	        nstores > 1 ? ", sharded" : "");
+	if (nstores > 1)
+		log_msg("info", "%d shards by merchant (docs/scaling.md)", nstores);
 	if (sigwait(&sigs, &sig) != 0)
 		sig = 0;
 	log_msg("info", "signal %d: finishing in-flight requests", sig);
@@ -445,9 +493,11 @@ int main(int argc, char **argv)
 	exit_code = 0;
 done:
 	http_stop(http, 0);
-	idem_stats_flusher_stop(stats); /* a last flush after the last request */
+	for (int i = 0; i < nstores; i++) /* a last flush after the last request */
+		idem_stats_flusher_stop(stats[i]);
 	idem_pay_close(st.pay);
-	idem_store_close(st.store);
+	for (int i = 0; i < nstores; i++)
+		idem_store_close(stores[i]);
 	if (exit_code == 0)
 		log_msg("info", "stopped");
 	return exit_code;

@@ -8,9 +8,9 @@
 #define IDEM_STORE_SCHEMA_H
 
 /* Versions each dialect knows; each file checks its list against these. */
-#define IDEM__SQLITE_SCHEMA_LATEST 4
-#define IDEM__PG_SCHEMA_LATEST     4
-#define IDEM__MY_SCHEMA_LATEST     4
+#define IDEM__SQLITE_SCHEMA_LATEST 6
+#define IDEM__PG_SCHEMA_LATEST     6
+#define IDEM__MY_SCHEMA_LATEST     6
 
 /* Version v is [v - 1]: one script (SQLite, PostgreSQL run it whole). */
 extern const char *const idem__sqlite_migrations[];

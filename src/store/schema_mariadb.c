@@ -202,8 +202,42 @@ static const char *const migration_4[] = {
     NULL,
 };
 
+/* 5: the shard directory: see schema_sqlite.c. Rerunnable (IF NOT EXISTS,
+ * INSERT IGNORE). */
+static const char *const migration_5[] = {
+    "CREATE TABLE IF NOT EXISTS merchant_shards ("
+    " merchant_id VARCHAR(64) NOT NULL PRIMARY KEY,"
+    " shard INT NOT NULL CHECK (shard BETWEEN 0 AND 999),"
+    " created_at BIGINT NOT NULL"
+    ")" PAY_TABLE,
+    "INSERT IGNORE INTO merchant_shards (merchant_id, shard, created_at)"
+    " SELECT id, 0, created_at FROM merchants",
+    NULL,
+};
+
+/* 6: transfers between shards: see schema_sqlite.c. */
+static const char *const migration_6[] = {
+    "CREATE TABLE IF NOT EXISTS transfer_outbox ("
+    " id VARCHAR(64) NOT NULL PRIMARY KEY,"
+    " transfer_no VARCHAR(128) NOT NULL,"
+    " from_merchant VARCHAR(64) NOT NULL,"
+    " to_merchant VARCHAR(64) NOT NULL,"
+    " to_shard INT NOT NULL CHECK (to_shard BETWEEN 0 AND 999),"
+    " amount BIGINT NOT NULL CHECK (amount > 0),"
+    " currency VARCHAR(8) NOT NULL,"
+    " status VARCHAR(16) NOT NULL CHECK (status IN ('pending','succeeded','reversed')),"
+    " fingerprint VARCHAR(64) NOT NULL,"
+    " created_at BIGINT NOT NULL,"
+    " updated_at BIGINT NOT NULL,"
+    " UNIQUE KEY transfer_outbox_no (from_merchant, transfer_no),"
+    " KEY transfer_outbox_status (status, updated_at),"
+    " FOREIGN KEY (from_merchant) REFERENCES merchants (id)"
+    ")" PAY_TABLE,
+    NULL,
+};
+
 const char *const *const idem__my_migrations[] = {migration_1, migration_2, migration_3,
-                                                  migration_4};
+                                                  migration_4, migration_5, migration_6};
 
 _Static_assert(sizeof(idem__my_migrations) / sizeof(idem__my_migrations[0]) ==
                    IDEM__MY_SCHEMA_LATEST,

@@ -165,6 +165,30 @@ const char *const idem__pg_migrations[] = {
     " holder TEXT NOT NULL,"
     " lease_until BIGINT NOT NULL"
     ");",
+    /* 5: the shard directory: see schema_sqlite.c. */
+    "CREATE TABLE merchant_shards ("
+    " merchant_id TEXT COLLATE \"C\" PRIMARY KEY,"
+    " shard INTEGER NOT NULL CHECK (shard BETWEEN 0 AND 999),"
+    " created_at BIGINT NOT NULL"
+    ");"
+    "INSERT INTO merchant_shards (merchant_id, shard, created_at)"
+    " SELECT id, 0, created_at FROM merchants;",
+    /* 6: transfers between shards: see schema_sqlite.c. */
+    "CREATE TABLE transfer_outbox ("
+    " id TEXT COLLATE \"C\" PRIMARY KEY,"
+    " transfer_no TEXT COLLATE \"C\" NOT NULL,"
+    " from_merchant TEXT NOT NULL REFERENCES merchants (id),"
+    " to_merchant TEXT NOT NULL,"
+    " to_shard INTEGER NOT NULL CHECK (to_shard BETWEEN 0 AND 999),"
+    " amount BIGINT NOT NULL CHECK (amount > 0),"
+    " currency TEXT NOT NULL,"
+    " status TEXT NOT NULL CHECK (status IN ('pending','succeeded','reversed')),"
+    " fingerprint TEXT NOT NULL,"
+    " created_at BIGINT NOT NULL,"
+    " updated_at BIGINT NOT NULL,"
+    " UNIQUE (from_merchant, transfer_no)"
+    ");"
+    "CREATE INDEX transfer_outbox_status ON transfer_outbox (status, updated_at);",
 };
 
 _Static_assert(sizeof(idem__pg_migrations) / sizeof(idem__pg_migrations[0]) ==

@@ -198,6 +198,36 @@ const char *const idem__sqlite_migrations[] = {
     " holder TEXT NOT NULL,"
     " lease_until INTEGER NOT NULL"
     ");",
+
+    /* 5: the shard directory (docs/scaling.md, Sharding): which shard each
+     * merchant lives on, read on shard 0 only. A merchant never moves, so
+     * the rows are written once; the ones that exist already live here. */
+    "CREATE TABLE merchant_shards ("
+    " merchant_id TEXT PRIMARY KEY,"
+    " shard INTEGER NOT NULL CHECK (shard BETWEEN 0 AND 999),"
+    " created_at INTEGER NOT NULL"
+    ");"
+    "INSERT INTO merchant_shards (merchant_id, shard, created_at)"
+    " SELECT id, 0, created_at FROM merchants;",
+
+    /* 6: transfers between shards (pay/saga.c): the payer's shard keeps the
+     * transfer and its outbox state; the payee lives on another shard, so
+     * to_merchant has no foreign key. */
+    "CREATE TABLE transfer_outbox ("
+    " id TEXT PRIMARY KEY,"
+    " transfer_no TEXT NOT NULL,"
+    " from_merchant TEXT NOT NULL REFERENCES merchants (id),"
+    " to_merchant TEXT NOT NULL,"
+    " to_shard INTEGER NOT NULL CHECK (to_shard BETWEEN 0 AND 999),"
+    " amount INTEGER NOT NULL CHECK (amount > 0),"
+    " currency TEXT NOT NULL,"
+    " status TEXT NOT NULL CHECK (status IN ('pending','succeeded','reversed')),"
+    " fingerprint TEXT NOT NULL,"
+    " created_at INTEGER NOT NULL,"
+    " updated_at INTEGER NOT NULL,"
+    " UNIQUE (from_merchant, transfer_no)"
+    ");"
+    "CREATE INDEX transfer_outbox_status ON transfer_outbox (status, updated_at);",
 };
 
 _Static_assert(sizeof(idem__sqlite_migrations) / sizeof(idem__sqlite_migrations[0]) ==
