@@ -6,9 +6,11 @@
  * A request's header fields and a small body live in its own arena
  * (server.h), freed once with it: no allocation per field.
  *
- * Handlers run on libmicrohttpd's internal thread pool with epoll; each
- * blocks its thread until its COMMIT returned, so a 2xx never leaves before
- * it is durable.
+ * libmicrohttpd's threads only read, frame and send: a route that may wait
+ * for the store runs on the request pool below while its connection is
+ * suspended, and a write's answer comes from the group-commit writer after
+ * its COMMIT returned, so a 2xx never leaves before it is durable and no
+ * store wait holds an HTTP thread (or /healthz behind it).
  */
 #include <arpa/inet.h>
 #include <microhttpd.h>
@@ -60,6 +62,9 @@ struct http_req {
 	pthread_mutex_t lock;
 	int dispatched, ready, suspended;
 	http_answer later;
+	/* On the request pool's queue (a pooled route): the next one, and since when. */
+	http_req *queue_next;
+	uint64_t queued_ms;
 
 	req_arena arena;
 	/* Not zeroed: everything above is, once per request (on_uri). */
@@ -84,11 +89,14 @@ idem_pay_request *req_write(http_req *r, char **key_buf, size_t *key_size, char 
  */
 static long resume_delay_us;
 
-void http_write_done(void *ctx, int rc, idem_result *res)
+/*
+ * r->later holds the answer: hand it to libmicrohttpd's thread. When the
+ * connection is suspended, resume it and the resumed call sends; else the
+ * dispatching call has not suspended yet and sends it itself (on_request
+ * decides under the same lock).
+ */
+static void req_ready(http_req *r)
 {
-	http_req *r = ctx;
-
-	answer_result(&r->later, rc, res);
 	pthread_mutex_lock(&r->lock);
 	r->ready = 1;
 	if (r->suspended) {
@@ -101,6 +109,14 @@ void http_write_done(void *ctx, int rc, idem_result *res)
 	}
 	/* on_completed takes this lock before it frees r: r is still ours here */
 	pthread_mutex_unlock(&r->lock);
+}
+
+void http_write_done(void *ctx, int rc, idem_result *res)
+{
+	http_req *r = ctx;
+
+	answer_result(&r->later, rc, res);
+	req_ready(r);
 }
 
 /*
@@ -138,6 +154,14 @@ struct http_server {
 	pthread_t watchdog;
 	int watchdog_started, stopping;
 	_Atomic unsigned long cut_total;
+
+	/* The request pool: pooled routes, FIFO, under pool_lock. */
+	pthread_mutex_t pool_lock;
+	pthread_cond_t pool_wake;
+	http_req *queue_head, *queue_tail;
+	size_t queued;
+	pthread_t *pool;
+	int pool_size, pool_stopping;
 };
 
 static uint64_t now_ms(void)
@@ -260,6 +284,113 @@ static void watchdog_stop(http_server *h)
 	pthread_mutex_unlock(&h->conns_lock);
 	pthread_join(h->watchdog, NULL);
 	h->watchdog_started = 0;
+}
+
+/*
+ * The request pool. A pooled route (routes.c: every route that may wait
+ * for the store on the calling thread, i.e. all but /healthz and /metrics)
+ * runs here while its connection is suspended, as a write waits for its
+ * group commit: a read that waits out its deadline on a frozen database
+ * holds one of these threads, never a libmicrohttpd thread with every
+ * other connection it serves (/healthz among them). A write's handler
+ * only queues it and returns; its answer comes through http_write_done.
+ * At most POOL_QUEUE_MAX requests wait; one more is answered 503 at once,
+ * and one that waited POOL_QUEUE_WAIT_MS for a thread (they are all held
+ * up) is answered 503 unrun: an answer is bounded by the request's store
+ * deadline plus that wait.
+ */
+#define POOL_QUEUE_MAX     1024
+#define POOL_QUEUE_WAIT_MS 1000
+
+static void pool_run(http_server *h, http_req *r)
+{
+	http_answer a = {0};
+
+	a.outcome = "-";
+	if (now_ms() - r->queued_ms > POOL_QUEUE_WAIT_MS) {
+		answer_problem(&a, 503, "store_unavailable",
+		               "every request thread is busy waiting for the store; retry later");
+		a.outcome = "error";
+	} else {
+		route_run(h->state, r, &r->match, &a);
+		if (a.pending)
+			return; /* a write: http_write_done answers, maybe already did */
+	}
+	r->later = a;
+	req_ready(r);
+}
+
+static void *pool_main(void *arg)
+{
+	http_server *h = arg;
+
+	pthread_mutex_lock(&h->pool_lock);
+	for (;;) {
+		http_req *r;
+
+		while (!h->queue_head && !h->pool_stopping)
+			pthread_cond_wait(&h->pool_wake, &h->pool_lock);
+		if (!(r = h->queue_head))
+			break; /* stopping, and nothing left */
+		h->queue_head = r->queue_next;
+		if (!h->queue_head)
+			h->queue_tail = NULL;
+		h->queued--;
+		pthread_mutex_unlock(&h->pool_lock);
+		pool_run(h, r);
+		pthread_mutex_lock(&h->pool_lock);
+	}
+	pthread_mutex_unlock(&h->pool_lock);
+	return NULL;
+}
+
+/* 0: r is queued and its answer comes through req_ready; -1: full. */
+static int pool_submit(http_server *h, http_req *r)
+{
+	int rc = -1;
+
+	pthread_mutex_lock(&h->pool_lock);
+	if (h->pool_size > 0 && !h->pool_stopping && h->queued < POOL_QUEUE_MAX) {
+		r->queue_next = NULL;
+		r->queued_ms = now_ms();
+		if (h->queue_tail)
+			h->queue_tail->queue_next = r;
+		else
+			h->queue_head = r;
+		h->queue_tail = r;
+		h->queued++;
+		pthread_cond_signal(&h->pool_wake);
+		rc = 0;
+	}
+	pthread_mutex_unlock(&h->pool_lock);
+	return rc;
+}
+
+static void pool_start(http_server *h, int n)
+{
+	pthread_mutex_init(&h->pool_lock, NULL);
+	pthread_cond_init(&h->pool_wake, NULL);
+	if (!(h->pool = calloc((size_t)n, sizeof(*h->pool))))
+		return;
+	for (; h->pool_size < n; h->pool_size++)
+		if (pthread_create(&h->pool[h->pool_size], NULL, pool_main, h) != 0)
+			break;
+	if (h->pool_size < n)
+		log_msg("warn", "http: request pool has %d of %d threads", h->pool_size, n);
+}
+
+/* After the daemon stopped: nothing is queued any more. */
+static void pool_stop(http_server *h)
+{
+	pthread_mutex_lock(&h->pool_lock);
+	h->pool_stopping = 1;
+	pthread_cond_broadcast(&h->pool_wake);
+	pthread_mutex_unlock(&h->pool_lock);
+	for (int i = 0; i < h->pool_size; i++)
+		pthread_join(h->pool[i], NULL);
+	free(h->pool);
+	pthread_mutex_destroy(&h->pool_lock);
+	pthread_cond_destroy(&h->pool_wake);
 }
 
 const char *req_header(http_req *r, const char *name, size_t *len)
@@ -510,7 +641,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 			r->too_large = 1;
 			return MHD_YES;
 		}
-		if (route_check_media(r, method, &a) != 0)
+		if (!r->match.media_pending && route_check_media(r, method, &a) != 0)
 			return send_answer(r, &a);
 		return MHD_YES;
 	}
@@ -569,7 +700,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 	r->dispatched = 1;
 	track_set(h, conn, 0); /* the request is in: no deadline while it is answered */
 	a.outcome = "-";
-	r->match.handler(h->state, r, &r->match, &a);
+	if (r->match.pooled) {
+		if (pool_submit(h, r) != 0) {
+			answer_problem(&a, 503, "store_unavailable",
+			               "too many requests are waiting for the store; retry later");
+			a.outcome = "error";
+			return send_answer(r, &a);
+		}
+		a.pending = 1;
+	} else {
+		route_run(h->state, r, &r->match, &a);
+	}
 	if (!a.pending)
 		return send_answer(r, &a);
 	/* Decide under the lock: once suspended, only the resumed call sends. */
@@ -696,6 +837,9 @@ int http_start(http_server **out, server_state *s, char *err, size_t errlen)
 	h->state = s;
 	pthread_mutex_init(&h->conns_lock, NULL);
 	pthread_cond_init(&h->wake, NULL);
+	/* Two readers per HTTP thread: a frozen store holds them all only
+	 * under many slow reads, and then a read waits POOL_QUEUE_WAIT_MS. */
+	pool_start(h, s->cfg->threads < 2 ? 4 : s->cfg->threads > 32 ? 64 : 2 * s->cfg->threads);
 	h->daemon = MHD_start_daemon(
 	    flags, 0, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
 	    MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_THREAD_POOL_SIZE,
@@ -709,6 +853,7 @@ int http_start(http_server **out, server_state *s, char *err, size_t errlen)
 	if (!h->daemon) {
 		snprintf(err, errlen, "cannot listen on %s (address in use or not permitted?)",
 		         s->cfg->listen);
+		pool_stop(h);
 		free(h);
 		return -1;
 	}
@@ -743,6 +888,7 @@ int http_stop(http_server *h, int grace_ms)
 	if ((left = atomic_load(&h->active)) > 0)
 		return left;
 	MHD_stop_daemon(h->daemon);
+	pool_stop(h);
 	watchdog_stop(h);
 	free(h);
 	return 0;
