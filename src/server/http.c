@@ -6,11 +6,12 @@
  * A request's header fields and a small body live in its own arena
  * (server.h), freed once with it: no allocation per field.
  *
- * libmicrohttpd's threads only read, frame and send: a route that may wait
- * for the store runs on the request pool below while its connection is
- * suspended, and a write's answer comes from the group-commit writer after
- * its COMMIT returned, so a 2xx never leaves before it is durable and no
- * store wait holds an HTTP thread (or /healthz behind it).
+ * Every connection has a thread of its own (libmicrohttpd's
+ * thread-per-connection mode): a handler that waits for the store, up to
+ * its deadline on a frozen database, holds only its own connection, never
+ * another client's or /healthz. A write waits on its thread for the
+ * group-commit writer's answer, given after its COMMIT returned, so a 2xx
+ * never leaves before it is durable.
  */
 #include <arpa/inet.h>
 #include <microhttpd.h>
@@ -33,6 +34,9 @@
 #define HTTP_ARENA_SIZE 4096
 /* A body up to this size lives in the arena; a larger one in malloc. */
 #define HTTP_BODY_INLINE 2048
+/* Each connection's thread (address space mostly; glibc's default is 8 MiB):
+ * a handler runs a store read (libpq, MariaDB Connector/C, SQLite) at most. */
+#define HTTP_STACK_SIZE (1024 * 1024)
 
 struct http_req {
 	struct MHD_Connection *conn;
@@ -40,6 +44,7 @@ struct http_req {
 	char request_id[17];
 	char method[12];
 	int started;                /* on_request has seen the head */
+	int refused;                /* begun after http_stop: 503, not counted in active */
 	size_t raw_uri_len;         /* the target as received, up to a NUL */
 	const char *target_problem; /* why the target is refused, or NULL */
 	int target_status;
@@ -54,17 +59,15 @@ struct http_req {
 	int body_heap;      /* body is malloc'd (it outgrew its arena block) */
 	http_answer answer; /* what was sent, for the log */
 
-	/* A write in flight (group commit): the connection is suspended until
-	 * the writer thread has the answer; lock orders suspend and resume. */
+	/* A write in flight (group commit): the connection's thread waits on
+	 * cond until the writer thread has left the answer in later. */
 	idem_pay_request write;
 	char key[IDEM_KEY_MAX + 2];
 	char write_path[400];
 	pthread_mutex_t lock;
-	int dispatched, ready, suspended;
+	pthread_cond_t cond;
+	int ready;
 	http_answer later;
-	/* On the request pool's queue (a pooled route): the next one, and since when. */
-	http_req *queue_next;
-	uint64_t queued_ms;
 
 	req_arena arena;
 	/* Not zeroed: everything above is, once per request (on_uri). */
@@ -82,32 +85,15 @@ idem_pay_request *req_write(http_req *r, char **key_buf, size_t *key_size, char 
 }
 
 /*
- * Test hook (tests/http/test_hardening.py ResumeRace): IDEMD_TEST_RESUME_DELAY_US
- * widens the window between MHD_resume_connection and the unlock below, in
- * which libmicrohttpd may already have completed the request on its own
- * thread (the client is gone) and on_completed would free r.
- */
-static long resume_delay_us;
-
-/*
- * r->later holds the answer: hand it to libmicrohttpd's thread. When the
- * connection is suspended, resume it and the resumed call sends; else the
- * dispatching call has not suspended yet and sends it itself (on_request
- * decides under the same lock).
+ * r->later holds the answer: wake the connection's thread waiting for it.
+ * The lock is held while signalling: on_request frees r only after it saw
+ * ready under the same lock, so r is still ours here.
  */
 static void req_ready(http_req *r)
 {
 	pthread_mutex_lock(&r->lock);
 	r->ready = 1;
-	if (r->suspended) {
-		r->suspended = 0;
-		MHD_resume_connection(r->conn);
-		if (resume_delay_us > 0)
-			nanosleep(&(struct timespec){resume_delay_us / 1000000,
-			                             resume_delay_us % 1000000 * 1000},
-			          NULL);
-	}
-	/* on_completed takes this lock before it frees r: r is still ours here */
+	pthread_cond_signal(&r->cond);
 	pthread_mutex_unlock(&r->lock);
 }
 
@@ -146,7 +132,8 @@ typedef struct conn_track {
 struct http_server {
 	struct MHD_Daemon *daemon;
 	server_state *state;
-	_Atomic int active;
+	_Atomic int active;   /* requests begun and not completed, refused ones aside */
+	_Atomic int draining; /* http_stop began: new requests are refused */
 
 	pthread_mutex_t conns_lock; /* conns, and every conn_track's cut */
 	pthread_cond_t wake;
@@ -154,14 +141,6 @@ struct http_server {
 	pthread_t watchdog;
 	int watchdog_started, stopping;
 	_Atomic unsigned long cut_total;
-
-	/* The request pool: pooled routes, FIFO, under pool_lock. */
-	pthread_mutex_t pool_lock;
-	pthread_cond_t pool_wake;
-	http_req *queue_head, *queue_tail;
-	size_t queued;
-	pthread_t *pool;
-	int pool_size, pool_stopping;
 };
 
 static uint64_t now_ms(void)
@@ -284,113 +263,6 @@ static void watchdog_stop(http_server *h)
 	pthread_mutex_unlock(&h->conns_lock);
 	pthread_join(h->watchdog, NULL);
 	h->watchdog_started = 0;
-}
-
-/*
- * The request pool. A pooled route (routes.c: every route that may wait
- * for the store on the calling thread, i.e. all but /healthz and /metrics)
- * runs here while its connection is suspended, as a write waits for its
- * group commit: a read that waits out its deadline on a frozen database
- * holds one of these threads, never a libmicrohttpd thread with every
- * other connection it serves (/healthz among them). A write's handler
- * only queues it and returns; its answer comes through http_write_done.
- * At most POOL_QUEUE_MAX requests wait; one more is answered 503 at once,
- * and one that waited POOL_QUEUE_WAIT_MS for a thread (they are all held
- * up) is answered 503 unrun: an answer is bounded by the request's store
- * deadline plus that wait.
- */
-#define POOL_QUEUE_MAX     1024
-#define POOL_QUEUE_WAIT_MS 1000
-
-static void pool_run(http_server *h, http_req *r)
-{
-	http_answer a = {0};
-
-	a.outcome = "-";
-	if (now_ms() - r->queued_ms > POOL_QUEUE_WAIT_MS) {
-		answer_problem(&a, 503, "store_unavailable",
-		               "every request thread is busy waiting for the store; retry later");
-		a.outcome = "error";
-	} else {
-		route_run(h->state, r, &r->match, &a);
-		if (a.pending)
-			return; /* a write: http_write_done answers, maybe already did */
-	}
-	r->later = a;
-	req_ready(r);
-}
-
-static void *pool_main(void *arg)
-{
-	http_server *h = arg;
-
-	pthread_mutex_lock(&h->pool_lock);
-	for (;;) {
-		http_req *r;
-
-		while (!h->queue_head && !h->pool_stopping)
-			pthread_cond_wait(&h->pool_wake, &h->pool_lock);
-		if (!(r = h->queue_head))
-			break; /* stopping, and nothing left */
-		h->queue_head = r->queue_next;
-		if (!h->queue_head)
-			h->queue_tail = NULL;
-		h->queued--;
-		pthread_mutex_unlock(&h->pool_lock);
-		pool_run(h, r);
-		pthread_mutex_lock(&h->pool_lock);
-	}
-	pthread_mutex_unlock(&h->pool_lock);
-	return NULL;
-}
-
-/* 0: r is queued and its answer comes through req_ready; -1: full. */
-static int pool_submit(http_server *h, http_req *r)
-{
-	int rc = -1;
-
-	pthread_mutex_lock(&h->pool_lock);
-	if (h->pool_size > 0 && !h->pool_stopping && h->queued < POOL_QUEUE_MAX) {
-		r->queue_next = NULL;
-		r->queued_ms = now_ms();
-		if (h->queue_tail)
-			h->queue_tail->queue_next = r;
-		else
-			h->queue_head = r;
-		h->queue_tail = r;
-		h->queued++;
-		pthread_cond_signal(&h->pool_wake);
-		rc = 0;
-	}
-	pthread_mutex_unlock(&h->pool_lock);
-	return rc;
-}
-
-static void pool_start(http_server *h, int n)
-{
-	pthread_mutex_init(&h->pool_lock, NULL);
-	pthread_cond_init(&h->pool_wake, NULL);
-	if (!(h->pool = calloc((size_t)n, sizeof(*h->pool))))
-		return;
-	for (; h->pool_size < n; h->pool_size++)
-		if (pthread_create(&h->pool[h->pool_size], NULL, pool_main, h) != 0)
-			break;
-	if (h->pool_size < n)
-		log_msg("warn", "http: request pool has %d of %d threads", h->pool_size, n);
-}
-
-/* After the daemon stopped: nothing is queued any more. */
-static void pool_stop(http_server *h)
-{
-	pthread_mutex_lock(&h->pool_lock);
-	h->pool_stopping = 1;
-	pthread_cond_broadcast(&h->pool_wake);
-	pthread_mutex_unlock(&h->pool_lock);
-	for (int i = 0; i < h->pool_size; i++)
-		pthread_join(h->pool[i], NULL);
-	free(h->pool);
-	pthread_mutex_destroy(&h->pool_lock);
-	pthread_cond_destroy(&h->pool_wake);
 }
 
 const char *req_header(http_req *r, const char *name, size_t *len)
@@ -570,12 +442,24 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn)
 	memset(r, 0, offsetof(http_req, arena_mem));
 	arena_init(&r->arena, r->arena_mem, sizeof(r->arena_mem));
 	pthread_mutex_init(&r->lock, NULL);
+	pthread_cond_init(&r->cond, NULL);
 	r->server = h;
 	r->conn = conn;
 	snprintf(r->method, sizeof(r->method), "-");
 	clock_gettime(CLOCK_MONOTONIC, &r->start);
 	request_id(r->request_id);
+	/*
+	 * Counted, then the drain flag read; http_stop sets the flag, then
+	 * reads the count (both sequentially consistent): either it sees this
+	 * request and waits for it, or this request sees the flag and is
+	 * refused at once, so MHD_stop_daemon never joins a connection thread
+	 * waiting for a write.
+	 */
 	atomic_fetch_add(&h->active, 1);
+	if (atomic_load(&h->draining)) {
+		atomic_fetch_sub(&h->active, 1);
+		r->refused = 1;
+	}
 	r->raw_uri_len = strlen(uri);
 	for (size_t i = 0; i < r->raw_uri_len; i++) {
 		unsigned char c = (unsigned char)uri[i];
@@ -615,6 +499,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 
 		r->started = 1;
 		snprintf(r->method, sizeof(r->method), "%s", method);
+		if (r->refused) {
+			answer_problem(&a, 503, "shutting_down",
+			               "the server is shutting down; retry on another instance");
+			a.close = 1;
+			return send_answer(r, &a);
+		}
 		if (r->target_problem) {
 			answer_problem(&a, r->target_status,
 			               r->target_status == 414 ? "uri_too_long" : "invalid_request",
@@ -641,7 +531,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 			r->too_large = 1;
 			return MHD_YES;
 		}
-		if (!r->match.media_pending && route_check_media(r, method, &a) != 0)
+		if (route_check_media(r, method, &a) != 0)
 			return send_answer(r, &a);
 		return MHD_YES;
 	}
@@ -688,41 +578,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 		answer_problem(&a, 413, "payload_too_large", "the body is larger than 1 MiB");
 		return send_answer(r, &a);
 	}
-	if (r->dispatched) {
-		/* Resumed: the writer thread left the answer in r->later. */
-		int ready;
-
-		pthread_mutex_lock(&r->lock);
-		ready = r->ready;
-		pthread_mutex_unlock(&r->lock);
-		return ready ? send_answer(r, &r->later) : MHD_YES;
-	}
-	r->dispatched = 1;
 	track_set(h, conn, 0); /* the request is in: no deadline while it is answered */
 	a.outcome = "-";
-	if (r->match.pooled) {
-		if (pool_submit(h, r) != 0) {
-			answer_problem(&a, 503, "store_unavailable",
-			               "too many requests are waiting for the store; retry later");
-			a.outcome = "error";
-			return send_answer(r, &a);
-		}
-		a.pending = 1;
-	} else {
-		route_run(h->state, r, &r->match, &a);
-	}
+	route_run(h->state, r, &r->match, &a);
 	if (!a.pending)
 		return send_answer(r, &a);
-	/* Decide under the lock: once suspended, only the resumed call sends. */
+	/* A write: its answer comes from the writer (or came already). */
 	pthread_mutex_lock(&r->lock);
-	int suspend = !r->ready; /* else it was answered inline: send it now */
-
-	if (suspend) {
-		r->suspended = 1;
-		MHD_suspend_connection(conn);
-	}
+	while (!r->ready)
+		pthread_cond_wait(&r->cond, &r->lock);
 	pthread_mutex_unlock(&r->lock);
-	return suspend ? MHD_YES : send_answer(r, &r->later);
+	return send_answer(r, &r->later);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
@@ -732,15 +598,11 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 	http_req *r = *con_cls;
 	struct timespec end;
 	double secs;
-	int claimed, dup;
+	int claimed, dup, refused;
 	const char *o;
 
 	if (!r)
 		return;
-	/* A writer thread may still be inside http_write_done, between
-	 * MHD_resume_connection and its unlock: wait until it is out. */
-	pthread_mutex_lock(&r->lock);
-	pthread_mutex_unlock(&r->lock);
 	clock_gettime(CLOCK_MONOTONIC, &end);
 	secs =
 	    (double)(end.tv_sec - r->start.tv_sec) + (double)(end.tv_nsec - r->start.tv_nsec) / 1e9;
@@ -753,14 +615,17 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 	            r->answered ? r->answer.status : 0,
 	            toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? o : "client-gone", secs * 1000.0);
 	track_set(h, conn, 1);
+	refused = r->refused;
 	free(r->later.body);
 	if (r->body_heap)
 		free(r->body);
 	arena_release(&r->arena);
+	pthread_cond_destroy(&r->cond);
 	pthread_mutex_destroy(&r->lock);
 	free(r);
 	*con_cls = NULL;
-	atomic_fetch_sub(&h->active, 1);
+	if (!refused)
+		atomic_fetch_sub(&h->active, 1);
 }
 
 static void mhd_log(void *cls, const char *fmt, va_list ap)
@@ -817,15 +682,11 @@ int http_start(http_server **out, server_state *s, char *err, size_t errlen)
 {
 	struct sockaddr_storage ss = {0};
 	http_server *h;
-	unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG |
-	                 MHD_ALLOW_SUSPEND_RESUME;
+	/* poll, not epoll: thread-per-connection allows no other. */
+	unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+	                 MHD_USE_POLL | MHD_USE_ITC | MHD_USE_ERROR_LOG;
 
 	*out = NULL;
-	{
-		const char *d = getenv("IDEMD_TEST_RESUME_DELAY_US");
-
-		resume_delay_us = d ? strtol(d, NULL, 10) : 0;
-	}
 	if (parse_listen(s->cfg->listen, &ss, err, errlen) < 0)
 		return -1;
 	if (ss.ss_family == AF_INET6)
@@ -837,23 +698,19 @@ int http_start(http_server **out, server_state *s, char *err, size_t errlen)
 	h->state = s;
 	pthread_mutex_init(&h->conns_lock, NULL);
 	pthread_cond_init(&h->wake, NULL);
-	/* Two readers per HTTP thread: a frozen store holds them all only
-	 * under many slow reads, and then a read waits POOL_QUEUE_WAIT_MS. */
-	pool_start(h, s->cfg->threads < 2 ? 4 : s->cfg->threads > 32 ? 64 : 2 * s->cfg->threads);
 	h->daemon = MHD_start_daemon(
 	    flags, 0, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
-	    MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_THREAD_POOL_SIZE,
-	    (unsigned)s->cfg->threads, MHD_OPTION_CONNECTION_LIMIT,
-	    (unsigned)s->cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
-	    (unsigned)s->cfg->conn_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024,
-	    MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
-	    MHD_OPTION_URI_LOG_CALLBACK, on_uri, h, MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
+	    MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_THREAD_STACK_SIZE,
+	    (size_t)HTTP_STACK_SIZE, MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg->max_connections,
+	    MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->cfg->conn_timeout_s,
+	    MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024, MHD_OPTION_LISTEN_BACKLOG_SIZE,
+	    1024u, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_URI_LOG_CALLBACK,
+	    on_uri, h, MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
 	    MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->cfg->max_connections_per_ip,
 	    MHD_OPTION_END);
 	if (!h->daemon) {
 		snprintf(err, errlen, "cannot listen on %s (address in use or not permitted?)",
 		         s->cfg->listen);
-		pool_stop(h);
 		free(h);
 		return -1;
 	}
@@ -879,16 +736,26 @@ int http_stop(http_server *h, int grace_ms)
 
 	if (!h)
 		return 0;
-	/* Stop accepting; requests already in flight finish and are answered. */
-	MHD_quiesce_daemon(h->daemon);
+	/*
+	 * Requests in flight finish and are answered; one begun from now on is
+	 * answered 503 with Connection: close (the listen socket stays open
+	 * until MHD_stop_daemon). Not MHD_quiesce_daemon: with the epoll
+	 * thread pool idemd used before, it removed the listen socket from
+	 * each worker's epoll set from this thread while a worker at its
+	 * connection limit could remove it too, and the loser's EPOLL_CTL_DEL
+	 * failed with ENOENT, which 0.9.75 turns into MHD_PANIC ("Failed to
+	 * remove listen FD from epoll set"); and a keep-alive request suspended
+	 * just after the count was read made MHD_stop_daemon panic ("called
+	 * while we have suspended connections"). tests/http/test_shutdown_load.py.
+	 */
+	atomic_store(&h->draining, 1);
 	for (int waited = 0; atomic_load(&h->active) > 0 && waited < grace_ms; waited += 10)
 		nanosleep(&(struct timespec){0, 10000000}, NULL);
-	/* A request still suspended belongs to a writer or channel thread that
-	 * will resume it: stopping the daemon under it is not allowed. */
+	/* A request still waiting for its writer or channel thread: its
+	 * connection thread cannot be joined, so MHD_stop_daemon is not called. */
 	if ((left = atomic_load(&h->active)) > 0)
 		return left;
 	MHD_stop_daemon(h->daemon);
-	pool_stop(h);
 	watchdog_stop(h);
 	free(h);
 	return 0;

@@ -243,37 +243,26 @@ static int h_metrics(server_state *s, http_req *r, route_match *m, http_answer *
 
 typedef enum { AUTH_NONE, AUTH_BEARER, AUTH_SIGNATURE } auth_kind;
 
-/*
- * pooled: the route may wait for the store on the calling thread, so it
- * runs on the request pool (http.c), never on a libmicrohttpd thread: the
- * reads, the key's lookup (a key not in pay's cache costs a read), a
- * callback's channel secret (a read each time), and what an asynchronous
- * write does before it queues (a replay may be answered by a read). A
- * frozen database then holds pool threads, not every connection of an HTTP
- * thread. /healthz (its ping has its own 500 ms bound) and /metrics
- * (counters in memory) stay inline.
- */
 typedef struct {
 	const char *method;
 	const char *pattern; /* literal segments; "*" one parameter; "**" the rest */
 	const char *name;    /* the template, as logged */
 	auth_kind auth;
-	int pooled;
 	int (*handler)(server_state *, http_req *, route_match *, http_answer *);
 } route;
 
 static const route routes[] = {
-    {"POST", "/v1/payments", "/v1/payments", AUTH_BEARER, 1, h_create_payment},
-    {"GET", "/v1/payments", "/v1/payments", AUTH_BEARER, 1, h_find_payment},
-    {"GET", "/v1/payments/*", "/v1/payments/{id}", AUTH_BEARER, 1, h_get_payment},
-    {"POST", "/v1/refunds", "/v1/refunds", AUTH_BEARER, 1, h_refund},
-    {"POST", "/v1/transfers", "/v1/transfers", AUTH_BEARER, 1, h_transfer},
-    {"GET", "/v1/balance", "/v1/balance", AUTH_BEARER, 1, h_balance},
-    {"POST", "/v1/notifications/*", "/v1/notifications/{channel}", AUTH_SIGNATURE, 1, h_notify},
-    {"GET", "/v1/idempotency-records/*/**", "/v1/idempotency-records/{type}/{key}", AUTH_BEARER, 1,
+    {"POST", "/v1/payments", "/v1/payments", AUTH_BEARER, h_create_payment},
+    {"GET", "/v1/payments", "/v1/payments", AUTH_BEARER, h_find_payment},
+    {"GET", "/v1/payments/*", "/v1/payments/{id}", AUTH_BEARER, h_get_payment},
+    {"POST", "/v1/refunds", "/v1/refunds", AUTH_BEARER, h_refund},
+    {"POST", "/v1/transfers", "/v1/transfers", AUTH_BEARER, h_transfer},
+    {"GET", "/v1/balance", "/v1/balance", AUTH_BEARER, h_balance},
+    {"POST", "/v1/notifications/*", "/v1/notifications/{channel}", AUTH_SIGNATURE, h_notify},
+    {"GET", "/v1/idempotency-records/*/**", "/v1/idempotency-records/{type}/{key}", AUTH_BEARER,
      h_record},
-    {"GET", "/healthz", "/healthz", AUTH_NONE, 0, h_healthz},
-    {"GET", "/metrics", "/metrics", AUTH_NONE, 0, h_metrics},
+    {"GET", "/healthz", "/healthz", AUTH_NONE, h_healthz},
+    {"GET", "/metrics", "/metrics", AUTH_NONE, h_metrics},
 };
 
 #define NROUTES (sizeof(routes) / sizeof(routes[0]))
@@ -395,24 +384,14 @@ int route_prepare(server_state *s, http_req *r, const char *method, const char *
                   route_match *m, http_answer *a)
 {
 	const route *found;
-	size_t len = 0;
 
 	memset(m, 0, sizeof(*m));
 	a->outcome = "-";
 	if (!(found = find_route(method, path, m, a)))
 		return -1;
 	m->handler = found->handler;
-	m->pooled = found->pooled;
-	if (found->auth == AUTH_BEARER) {
-		/* The header's form now; the key itself, when the route is pooled,
-		 * on the pool thread (route_run): a lookup may cost a read. The
-		 * Content-Type check waits for it (api-notes: auth before 415). */
-		if (!found->pooled)
-			return authenticate(s, r, m, a);
-		m->auth_pending = 1;
-		m->media_pending = strcmp(method, "POST") == 0;
-		return bearer_key(r, &len, a) ? 0 : -1;
-	}
+	if (found->auth == AUTH_BEARER)
+		return authenticate(s, r, m, a);
 	if (found->auth == AUTH_SIGNATURE && !req_header(r, "X-Signature", NULL)) {
 		/* The signature itself is checked once the body is in. */
 		answer_problem(a, 401, "invalid_signature", "X-Signature is required");
@@ -422,20 +401,8 @@ int route_prepare(server_state *s, http_req *r, const char *method, const char *
 	return 0;
 }
 
-int route_authenticate(server_state *s, http_req *r, route_match *m, http_answer *a)
-{
-	if (!m->auth_pending)
-		return 0;
-	m->auth_pending = 0;
-	return authenticate(s, r, m, a);
-}
-
 void route_run(server_state *s, http_req *r, route_match *m, http_answer *a)
 {
-	if (route_authenticate(s, r, m, a) != 0)
-		return;
-	if (m->media_pending && route_check_media(r, "POST", a) != 0)
-		return;
 	m->handler(s, r, m, a);
 }
 

