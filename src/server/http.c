@@ -483,97 +483,98 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn)
 	return r;
 }
 
-static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
-                                  const char *method, const char *version, const char *upload,
-                                  size_t *upload_size, void **con_cls)
+/*
+ * The head is in (the first call for a request): refuse what the target,
+ * the framing, the route, the credentials, the size or the media type
+ * rule out, before any of the body is read.
+ */
+static enum MHD_Result on_head(http_server *h, http_req *r, struct MHD_Connection *conn,
+                               const char *url, const char *method, const char *version)
 {
-	http_server *h = cls;
-	http_req *r = *con_cls;
+	http_answer a = {0};
+	const char *cl;
+	size_t cl_len = 0;
+
+	r->started = 1;
+	snprintf(r->method, sizeof(r->method), "%s", method);
+	if (r->refused) {
+		answer_problem(&a, 503, "shutting_down",
+		               "the server is shutting down; retry on another instance");
+		a.close = 1;
+		return send_answer(r, &a);
+	}
+	if (r->target_problem) {
+		answer_problem(&a, r->target_status,
+		               r->target_status == 414 ? "uri_too_long" : "invalid_request",
+		               r->target_problem);
+		a.close = 1;
+		return send_answer(r, &a);
+	}
+	if (head_parse(&r->head, &r->arena, conn, method, url, version, r->raw_uri_len, &a) != 0)
+		return send_answer(r, &a);
+	if (route_prepare(h->state, r, method, url, &r->match, &a) != 0)
+		return send_answer(r, &a);
+	cl = req_header(r, "Content-Length", &cl_len);
+	if (cl && strtoull(cl, NULL, 10) > SERVER_DRAIN_MAX) {
+		answer_problem(&a, 413, "payload_too_large", "the body is larger than 1 MiB");
+		a.close = 1;
+		return send_answer(r, &a);
+	}
+	/* Up to SERVER_DRAIN_MAX, the body is read and dropped before the
+	 * 413: a client that sends it whole before reading (Python's
+	 * http.client does) then reads the problem, not a broken pipe. */
+	if (cl && strtoull(cl, NULL, 10) > SERVER_BODY_MAX) {
+		r->too_large = 1;
+		return MHD_YES;
+	}
+	if (route_check_media(r, method, &a) != 0)
+		return send_answer(r, &a);
+	return MHD_YES;
+}
+
+/*
+ * n more body bytes: kept up to SERVER_BODY_MAX (in the arena while they
+ * fit HTTP_BODY_INLINE, then in malloc), counted and dropped beyond it.
+ */
+static enum MHD_Result body_append(http_req *r, const char *upload, size_t n)
+{
+	if (r->too_large || r->len + n > SERVER_BODY_MAX) {
+		r->too_large = 1;
+		r->dropped += n;
+		/* chunked: no more than SERVER_DRAIN_MAX, then the connection goes */
+		return r->len + r->dropped > SERVER_DRAIN_MAX ? MHD_NO : MHD_YES;
+	}
+	if (r->len + n + 1 > r->cap) {
+		size_t cap = r->cap ? r->cap * 2 : HTTP_BODY_INLINE;
+		char *p;
+
+		while (cap < r->len + n + 1)
+			cap *= 2;
+		if (!r->cap && cap == HTTP_BODY_INLINE) {
+			p = arena_alloc(&r->arena, cap);
+		} else if (r->body_heap) {
+			p = realloc(r->body, cap);
+		} else if ((p = malloc(cap)) != NULL) {
+			if (r->len)
+				memcpy(p, r->body, r->len);
+			r->body_heap = 1;
+		}
+		if (!p)
+			return MHD_NO;
+		r->body = p;
+		r->cap = cap;
+	}
+	memcpy(r->body + r->len, upload, n);
+	r->len += n;
+	r->body[r->len] = '\0';
+	return MHD_YES;
+}
+
+/* The body is in: run the route and send its answer (a write's once its writer gave it). */
+static enum MHD_Result on_body_done(http_server *h, http_req *r, struct MHD_Connection *conn)
+{
 	http_answer a = {0};
 
-	if (!r) /* no context: out of memory in on_uri */
-		return MHD_NO;
-	if (!r->started) {
-		const char *cl;
-		size_t cl_len = 0;
-
-		r->started = 1;
-		snprintf(r->method, sizeof(r->method), "%s", method);
-		if (r->refused) {
-			answer_problem(&a, 503, "shutting_down",
-			               "the server is shutting down; retry on another instance");
-			a.close = 1;
-			return send_answer(r, &a);
-		}
-		if (r->target_problem) {
-			answer_problem(&a, r->target_status,
-			               r->target_status == 414 ? "uri_too_long" : "invalid_request",
-			               r->target_problem);
-			a.close = 1;
-			return send_answer(r, &a);
-		}
-		if (head_parse(&r->head, &r->arena, conn, method, url, version, r->raw_uri_len,
-		               &a) != 0)
-			return send_answer(r, &a);
-		if (route_prepare(h->state, r, method, url, &r->match, &a) != 0)
-			return send_answer(r, &a);
-		cl = req_header(r, "Content-Length", &cl_len);
-		if (cl && strtoull(cl, NULL, 10) > SERVER_DRAIN_MAX) {
-			answer_problem(&a, 413, "payload_too_large",
-			               "the body is larger than 1 MiB");
-			a.close = 1;
-			return send_answer(r, &a);
-		}
-		/* Up to SERVER_DRAIN_MAX, the body is read and dropped before the
-		 * 413: a client that sends it whole before reading (Python's
-		 * http.client does) then reads the problem, not a broken pipe. */
-		if (cl && strtoull(cl, NULL, 10) > SERVER_BODY_MAX) {
-			r->too_large = 1;
-			return MHD_YES;
-		}
-		if (route_check_media(r, method, &a) != 0)
-			return send_answer(r, &a);
-		return MHD_YES;
-	}
-	if (r->answered) { /* answered early: drop whatever still arrives */
-		*upload_size = 0;
-		return MHD_YES;
-	}
-	if (*upload_size > 0) {
-		size_t n = *upload_size;
-
-		*upload_size = 0;
-		if (r->too_large || r->len + n > SERVER_BODY_MAX) {
-			r->too_large = 1;
-			r->dropped += n;
-			/* chunked: no more than SERVER_DRAIN_MAX, then the connection goes */
-			return r->len + r->dropped > SERVER_DRAIN_MAX ? MHD_NO : MHD_YES;
-		}
-		if (r->len + n + 1 > r->cap) {
-			size_t cap = r->cap ? r->cap * 2 : HTTP_BODY_INLINE;
-			char *p;
-
-			while (cap < r->len + n + 1)
-				cap *= 2;
-			if (!r->cap && cap == HTTP_BODY_INLINE) {
-				p = arena_alloc(&r->arena, cap);
-			} else if (r->body_heap) {
-				p = realloc(r->body, cap);
-			} else if ((p = malloc(cap)) != NULL) {
-				if (r->len)
-					memcpy(p, r->body, r->len);
-				r->body_heap = 1;
-			}
-			if (!p)
-				return MHD_NO;
-			r->body = p;
-			r->cap = cap;
-		}
-		memcpy(r->body + r->len, upload, n);
-		r->len += n;
-		r->body[r->len] = '\0';
-		return MHD_YES;
-	}
 	if (r->too_large) {
 		answer_problem(&a, 413, "payload_too_large", "the body is larger than 1 MiB");
 		return send_answer(r, &a);
@@ -589,6 +590,33 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 		pthread_cond_wait(&r->cond, &r->lock);
 	pthread_mutex_unlock(&r->lock);
 	return send_answer(r, &r->later);
+}
+
+/*
+ * libmicrohttpd's access handler, called on the connection's thread: once
+ * with the head, once per piece of body, once more when the body is in.
+ */
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version, const char *upload,
+                                  size_t *upload_size, void **con_cls)
+{
+	http_server *h = cls;
+	http_req *r = *con_cls;
+	size_t n;
+
+	if (!r) /* no context: out of memory in on_uri */
+		return MHD_NO;
+	if (!r->started)
+		return on_head(h, r, conn, url, method, version);
+	if (r->answered) { /* answered early: drop whatever still arrives */
+		*upload_size = 0;
+		return MHD_YES;
+	}
+	if ((n = *upload_size) > 0) {
+		*upload_size = 0;
+		return body_append(r, upload, n);
+	}
+	return on_body_done(h, r, conn);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,

@@ -21,7 +21,7 @@ typedef enum { LOG_TEXT, LOG_JSON } log_format;
 typedef struct {
 	char listen[128];
 	char db[1024];
-	int threads;
+	int threads; /* --threads: unused since a thread serves each connection */
 	int64_t ttl_ms;
 	log_format log_format;
 	int mock_channel_delay_ms;
@@ -187,9 +187,12 @@ typedef struct http_server http_server;
 int http_start(http_server **out, server_state *s, char *err, size_t errlen);
 /* The port actually bound (for --listen with port 0). */
 int http_port(http_server *h);
-/* Stop accepting, let in-flight requests finish (up to grace_ms), stop. */
-/* Returns the number of requests still in flight after grace_ms (then the
- * daemon is left running: the caller must exit without cleaning up). */
+/*
+ * Let in-flight requests finish (up to grace_ms; one begun meanwhile is
+ * answered 503 shutting_down), then stop. Returns the number of requests
+ * still in flight after grace_ms (then the daemon is left running: the
+ * caller must exit without cleaning up).
+ */
 int http_stop(http_server *h, int grace_ms);
 
 #endif
