@@ -86,8 +86,9 @@ idem_pay_request *req_write(http_req *r, char **key_buf, size_t *key_size, char 
 
 /*
  * r->later holds the answer: wake the connection's thread waiting for it.
- * The lock is held while signalling: on_request frees r only after it saw
- * ready under the same lock, so r is still ours here.
+ * The lock is held while signalling: on_completed frees r only after
+ * on_request returned, and on_request returns only after it saw ready
+ * under the same lock, so r is still ours until the unlock.
  */
 static void req_ready(http_req *r)
 {
