@@ -6,9 +6,12 @@
  * A request's header fields and a small body live in its own arena
  * (server.h), freed once with it: no allocation per field.
  *
- * Handlers run on libmicrohttpd's internal thread pool with epoll; each
- * blocks its thread until its COMMIT returned, so a 2xx never leaves before
- * it is durable.
+ * Every connection has a thread of its own (libmicrohttpd's
+ * thread-per-connection mode): a handler that waits for the store, up to
+ * its deadline on a frozen database, holds only its own connection, never
+ * another client's or /healthz. A write waits on its thread for the
+ * group-commit writer's answer, given after its COMMIT returned, so a 2xx
+ * never leaves before it is durable.
  */
 #include <arpa/inet.h>
 #include <microhttpd.h>
@@ -31,6 +34,9 @@
 #define HTTP_ARENA_SIZE 4096
 /* A body up to this size lives in the arena; a larger one in malloc. */
 #define HTTP_BODY_INLINE 2048
+/* Each connection's thread (address space mostly; glibc's default is 8 MiB):
+ * a handler runs a store read (libpq, MariaDB Connector/C, SQLite) at most. */
+#define HTTP_STACK_SIZE (1024 * 1024)
 
 struct http_req {
 	struct MHD_Connection *conn;
@@ -38,6 +44,7 @@ struct http_req {
 	char request_id[17];
 	char method[12];
 	int started;                /* on_request has seen the head */
+	int refused;                /* begun after http_stop: 503, not counted in active */
 	size_t raw_uri_len;         /* the target as received, up to a NUL */
 	const char *target_problem; /* why the target is refused, or NULL */
 	int target_status;
@@ -52,13 +59,14 @@ struct http_req {
 	int body_heap;      /* body is malloc'd (it outgrew its arena block) */
 	http_answer answer; /* what was sent, for the log */
 
-	/* A write in flight (group commit): the connection is suspended until
-	 * the writer thread has the answer; lock orders suspend and resume. */
+	/* A write in flight (group commit): the connection's thread waits on
+	 * cond until the writer thread has left the answer in later. */
 	idem_pay_request write;
 	char key[IDEM_KEY_MAX + 2];
 	char write_path[400];
 	pthread_mutex_t lock;
-	int dispatched, ready, suspended;
+	pthread_cond_t cond;
+	int ready;
 	http_answer later;
 
 	req_arena arena;
@@ -77,30 +85,25 @@ idem_pay_request *req_write(http_req *r, char **key_buf, size_t *key_size, char 
 }
 
 /*
- * Test hook (tests/http/test_hardening.py ResumeRace): IDEMD_TEST_RESUME_DELAY_US
- * widens the window between MHD_resume_connection and the unlock below, in
- * which libmicrohttpd may already have completed the request on its own
- * thread (the client is gone) and on_completed would free r.
+ * r->later holds the answer: wake the connection's thread waiting for it.
+ * The lock is held while signalling: on_completed frees r only after
+ * on_request returned, and on_request returns only after it saw ready
+ * under the same lock, so r is still ours until the unlock.
  */
-static long resume_delay_us;
+static void req_ready(http_req *r)
+{
+	pthread_mutex_lock(&r->lock);
+	r->ready = 1;
+	pthread_cond_signal(&r->cond);
+	pthread_mutex_unlock(&r->lock);
+}
 
 void http_write_done(void *ctx, int rc, idem_result *res)
 {
 	http_req *r = ctx;
 
 	answer_result(&r->later, rc, res);
-	pthread_mutex_lock(&r->lock);
-	r->ready = 1;
-	if (r->suspended) {
-		r->suspended = 0;
-		MHD_resume_connection(r->conn);
-		if (resume_delay_us > 0)
-			nanosleep(&(struct timespec){resume_delay_us / 1000000,
-			                             resume_delay_us % 1000000 * 1000},
-			          NULL);
-	}
-	/* on_completed takes this lock before it frees r: r is still ours here */
-	pthread_mutex_unlock(&r->lock);
+	req_ready(r);
 }
 
 /*
@@ -130,7 +133,8 @@ typedef struct conn_track {
 struct http_server {
 	struct MHD_Daemon *daemon;
 	server_state *state;
-	_Atomic int active;
+	_Atomic int active;   /* requests begun and not completed, refused ones aside */
+	_Atomic int draining; /* http_stop began: new requests are refused */
 
 	pthread_mutex_t conns_lock; /* conns, and every conn_track's cut */
 	pthread_cond_t wake;
@@ -439,12 +443,24 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn)
 	memset(r, 0, offsetof(http_req, arena_mem));
 	arena_init(&r->arena, r->arena_mem, sizeof(r->arena_mem));
 	pthread_mutex_init(&r->lock, NULL);
+	pthread_cond_init(&r->cond, NULL);
 	r->server = h;
 	r->conn = conn;
 	snprintf(r->method, sizeof(r->method), "-");
 	clock_gettime(CLOCK_MONOTONIC, &r->start);
 	request_id(r->request_id);
+	/*
+	 * Counted, then the drain flag read; http_stop sets the flag, then
+	 * reads the count (both sequentially consistent): either it sees this
+	 * request and waits for it, or this request sees the flag and is
+	 * refused at once, so MHD_stop_daemon never joins a connection thread
+	 * waiting for a write.
+	 */
 	atomic_fetch_add(&h->active, 1);
+	if (atomic_load(&h->draining)) {
+		atomic_fetch_sub(&h->active, 1);
+		r->refused = 1;
+	}
 	r->raw_uri_len = strlen(uri);
 	for (size_t i = 0; i < r->raw_uri_len; i++) {
 		unsigned char c = (unsigned char)uri[i];
@@ -468,120 +484,140 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn)
 	return r;
 }
 
+/*
+ * The head is in (the first call for a request): refuse what the target,
+ * the framing, the route, the credentials, the size or the media type
+ * rule out, before any of the body is read.
+ */
+static enum MHD_Result on_head(http_server *h, http_req *r, struct MHD_Connection *conn,
+                               const char *url, const char *method, const char *version)
+{
+	http_answer a = {0};
+	const char *cl;
+	size_t cl_len = 0;
+
+	r->started = 1;
+	snprintf(r->method, sizeof(r->method), "%s", method);
+	if (r->refused) {
+		answer_problem(&a, 503, "shutting_down",
+		               "the server is shutting down; retry on another instance");
+		a.close = 1;
+		return send_answer(r, &a);
+	}
+	if (r->target_problem) {
+		answer_problem(&a, r->target_status,
+		               r->target_status == 414 ? "uri_too_long" : "invalid_request",
+		               r->target_problem);
+		a.close = 1;
+		return send_answer(r, &a);
+	}
+	if (head_parse(&r->head, &r->arena, conn, method, url, version, r->raw_uri_len, &a) != 0)
+		return send_answer(r, &a);
+	if (route_prepare(h->state, r, method, url, &r->match, &a) != 0)
+		return send_answer(r, &a);
+	cl = req_header(r, "Content-Length", &cl_len);
+	if (cl && strtoull(cl, NULL, 10) > SERVER_DRAIN_MAX) {
+		answer_problem(&a, 413, "payload_too_large", "the body is larger than 1 MiB");
+		a.close = 1;
+		return send_answer(r, &a);
+	}
+	/* Up to SERVER_DRAIN_MAX, the body is read and dropped before the
+	 * 413: a client that sends it whole before reading (Python's
+	 * http.client does) then reads the problem, not a broken pipe. */
+	if (cl && strtoull(cl, NULL, 10) > SERVER_BODY_MAX) {
+		r->too_large = 1;
+		return MHD_YES;
+	}
+	if (route_check_media(r, method, &a) != 0)
+		return send_answer(r, &a);
+	return MHD_YES;
+}
+
+/*
+ * n more body bytes: kept up to SERVER_BODY_MAX (in the arena while they
+ * fit HTTP_BODY_INLINE, then in malloc), counted and dropped beyond it.
+ */
+static enum MHD_Result body_append(http_req *r, const char *upload, size_t n)
+{
+	if (r->too_large || r->len + n > SERVER_BODY_MAX) {
+		r->too_large = 1;
+		r->dropped += n;
+		/* chunked: no more than SERVER_DRAIN_MAX, then the connection goes */
+		return r->len + r->dropped > SERVER_DRAIN_MAX ? MHD_NO : MHD_YES;
+	}
+	if (r->len + n + 1 > r->cap) {
+		size_t cap = r->cap ? r->cap * 2 : HTTP_BODY_INLINE;
+		char *p;
+
+		while (cap < r->len + n + 1)
+			cap *= 2;
+		if (!r->cap && cap == HTTP_BODY_INLINE) {
+			p = arena_alloc(&r->arena, cap);
+		} else if (r->body_heap) {
+			p = realloc(r->body, cap);
+		} else if ((p = malloc(cap)) != NULL) {
+			if (r->len)
+				memcpy(p, r->body, r->len);
+			r->body_heap = 1;
+		}
+		if (!p)
+			return MHD_NO;
+		r->body = p;
+		r->cap = cap;
+	}
+	memcpy(r->body + r->len, upload, n);
+	r->len += n;
+	r->body[r->len] = '\0';
+	return MHD_YES;
+}
+
+/* The body is in: run the route and send its answer (a write's once its writer gave it). */
+static enum MHD_Result on_body_done(http_server *h, http_req *r, struct MHD_Connection *conn)
+{
+	http_answer a = {0};
+
+	if (r->too_large) {
+		answer_problem(&a, 413, "payload_too_large", "the body is larger than 1 MiB");
+		return send_answer(r, &a);
+	}
+	track_set(h, conn, 0); /* the request is in: no deadline while it is answered */
+	a.outcome = "-";
+	route_run(h->state, r, &r->match, &a);
+	if (!a.pending)
+		return send_answer(r, &a);
+	/* A write: its answer comes from the writer (or came already). */
+	pthread_mutex_lock(&r->lock);
+	while (!r->ready)
+		pthread_cond_wait(&r->cond, &r->lock);
+	pthread_mutex_unlock(&r->lock);
+	return send_answer(r, &r->later);
+}
+
+/*
+ * libmicrohttpd's access handler, called on the connection's thread: once
+ * with the head, once per piece of body, once more when the body is in.
+ */
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version, const char *upload,
                                   size_t *upload_size, void **con_cls)
 {
 	http_server *h = cls;
 	http_req *r = *con_cls;
-	http_answer a = {0};
+	size_t n;
 
 	if (!r) /* no context: out of memory in on_uri */
 		return MHD_NO;
-	if (!r->started) {
-		const char *cl;
-		size_t cl_len = 0;
-
-		r->started = 1;
-		snprintf(r->method, sizeof(r->method), "%s", method);
-		if (r->target_problem) {
-			answer_problem(&a, r->target_status,
-			               r->target_status == 414 ? "uri_too_long" : "invalid_request",
-			               r->target_problem);
-			a.close = 1;
-			return send_answer(r, &a);
-		}
-		if (head_parse(&r->head, &r->arena, conn, method, url, version, r->raw_uri_len,
-		               &a) != 0)
-			return send_answer(r, &a);
-		if (route_prepare(h->state, r, method, url, &r->match, &a) != 0)
-			return send_answer(r, &a);
-		cl = req_header(r, "Content-Length", &cl_len);
-		if (cl && strtoull(cl, NULL, 10) > SERVER_DRAIN_MAX) {
-			answer_problem(&a, 413, "payload_too_large",
-			               "the body is larger than 1 MiB");
-			a.close = 1;
-			return send_answer(r, &a);
-		}
-		/* Up to SERVER_DRAIN_MAX, the body is read and dropped before the
-		 * 413: a client that sends it whole before reading (Python's
-		 * http.client does) then reads the problem, not a broken pipe. */
-		if (cl && strtoull(cl, NULL, 10) > SERVER_BODY_MAX) {
-			r->too_large = 1;
-			return MHD_YES;
-		}
-		if (route_check_media(r, method, &a) != 0)
-			return send_answer(r, &a);
-		return MHD_YES;
-	}
+	if (!r->started)
+		return on_head(h, r, conn, url, method, version);
 	if (r->answered) { /* answered early: drop whatever still arrives */
 		*upload_size = 0;
 		return MHD_YES;
 	}
-	if (*upload_size > 0) {
-		size_t n = *upload_size;
-
+	if ((n = *upload_size) > 0) {
 		*upload_size = 0;
-		if (r->too_large || r->len + n > SERVER_BODY_MAX) {
-			r->too_large = 1;
-			r->dropped += n;
-			/* chunked: no more than SERVER_DRAIN_MAX, then the connection goes */
-			return r->len + r->dropped > SERVER_DRAIN_MAX ? MHD_NO : MHD_YES;
-		}
-		if (r->len + n + 1 > r->cap) {
-			size_t cap = r->cap ? r->cap * 2 : HTTP_BODY_INLINE;
-			char *p;
-
-			while (cap < r->len + n + 1)
-				cap *= 2;
-			if (!r->cap && cap == HTTP_BODY_INLINE) {
-				p = arena_alloc(&r->arena, cap);
-			} else if (r->body_heap) {
-				p = realloc(r->body, cap);
-			} else if ((p = malloc(cap)) != NULL) {
-				if (r->len)
-					memcpy(p, r->body, r->len);
-				r->body_heap = 1;
-			}
-			if (!p)
-				return MHD_NO;
-			r->body = p;
-			r->cap = cap;
-		}
-		memcpy(r->body + r->len, upload, n);
-		r->len += n;
-		r->body[r->len] = '\0';
-		return MHD_YES;
+		return body_append(r, upload, n);
 	}
-	if (r->too_large) {
-		answer_problem(&a, 413, "payload_too_large", "the body is larger than 1 MiB");
-		return send_answer(r, &a);
-	}
-	if (r->dispatched) {
-		/* Resumed: the writer thread left the answer in r->later. */
-		int ready;
-
-		pthread_mutex_lock(&r->lock);
-		ready = r->ready;
-		pthread_mutex_unlock(&r->lock);
-		return ready ? send_answer(r, &r->later) : MHD_YES;
-	}
-	r->dispatched = 1;
-	track_set(h, conn, 0); /* the request is in: no deadline while it is answered */
-	a.outcome = "-";
-	r->match.handler(h->state, r, &r->match, &a);
-	if (!a.pending)
-		return send_answer(r, &a);
-	/* Decide under the lock: once suspended, only the resumed call sends. */
-	pthread_mutex_lock(&r->lock);
-	int suspend = !r->ready; /* else it was answered inline: send it now */
-
-	if (suspend) {
-		r->suspended = 1;
-		MHD_suspend_connection(conn);
-	}
-	pthread_mutex_unlock(&r->lock);
-	return suspend ? MHD_YES : send_answer(r, &r->later);
+	return on_body_done(h, r, conn);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
@@ -591,15 +627,11 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 	http_req *r = *con_cls;
 	struct timespec end;
 	double secs;
-	int claimed, dup;
+	int claimed, dup, refused;
 	const char *o;
 
 	if (!r)
 		return;
-	/* A writer thread may still be inside http_write_done, between
-	 * MHD_resume_connection and its unlock: wait until it is out. */
-	pthread_mutex_lock(&r->lock);
-	pthread_mutex_unlock(&r->lock);
 	clock_gettime(CLOCK_MONOTONIC, &end);
 	secs =
 	    (double)(end.tv_sec - r->start.tv_sec) + (double)(end.tv_nsec - r->start.tv_nsec) / 1e9;
@@ -612,14 +644,17 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 	            r->answered ? r->answer.status : 0,
 	            toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? o : "client-gone", secs * 1000.0);
 	track_set(h, conn, 1);
+	refused = r->refused;
 	free(r->later.body);
 	if (r->body_heap)
 		free(r->body);
 	arena_release(&r->arena);
+	pthread_cond_destroy(&r->cond);
 	pthread_mutex_destroy(&r->lock);
 	free(r);
 	*con_cls = NULL;
-	atomic_fetch_sub(&h->active, 1);
+	if (!refused)
+		atomic_fetch_sub(&h->active, 1);
 }
 
 static void mhd_log(void *cls, const char *fmt, va_list ap)
@@ -676,15 +711,11 @@ int http_start(http_server **out, server_state *s, char *err, size_t errlen)
 {
 	struct sockaddr_storage ss = {0};
 	http_server *h;
-	unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG |
-	                 MHD_ALLOW_SUSPEND_RESUME;
+	/* poll, not epoll: thread-per-connection allows no other. */
+	unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+	                 MHD_USE_POLL | MHD_USE_ITC | MHD_USE_ERROR_LOG;
 
 	*out = NULL;
-	{
-		const char *d = getenv("IDEMD_TEST_RESUME_DELAY_US");
-
-		resume_delay_us = d ? strtol(d, NULL, 10) : 0;
-	}
 	if (parse_listen(s->cfg->listen, &ss, err, errlen) < 0)
 		return -1;
 	if (ss.ss_family == AF_INET6)
@@ -698,12 +729,12 @@ int http_start(http_server **out, server_state *s, char *err, size_t errlen)
 	pthread_cond_init(&h->wake, NULL);
 	h->daemon = MHD_start_daemon(
 	    flags, 0, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
-	    MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_THREAD_POOL_SIZE,
-	    (unsigned)s->cfg->threads, MHD_OPTION_CONNECTION_LIMIT,
-	    (unsigned)s->cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
-	    (unsigned)s->cfg->conn_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024,
-	    MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
-	    MHD_OPTION_URI_LOG_CALLBACK, on_uri, h, MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
+	    MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_THREAD_STACK_SIZE,
+	    (size_t)HTTP_STACK_SIZE, MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg->max_connections,
+	    MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->cfg->conn_timeout_s,
+	    MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024, MHD_OPTION_LISTEN_BACKLOG_SIZE,
+	    1024u, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_URI_LOG_CALLBACK,
+	    on_uri, h, MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
 	    MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->cfg->max_connections_per_ip,
 	    MHD_OPTION_END);
 	if (!h->daemon) {
@@ -734,12 +765,23 @@ int http_stop(http_server *h, int grace_ms)
 
 	if (!h)
 		return 0;
-	/* Stop accepting; requests already in flight finish and are answered. */
-	MHD_quiesce_daemon(h->daemon);
+	/*
+	 * Requests in flight finish and are answered; one begun from now on is
+	 * answered 503 with Connection: close (the listen socket stays open
+	 * until MHD_stop_daemon). Not MHD_quiesce_daemon: with the epoll
+	 * thread pool idemd used before, it removed the listen socket from
+	 * each worker's epoll set from this thread while a worker at its
+	 * connection limit could remove it too, and the loser's EPOLL_CTL_DEL
+	 * failed with ENOENT, which 0.9.75 turns into MHD_PANIC ("Failed to
+	 * remove listen FD from epoll set"); and a keep-alive request suspended
+	 * just after the count was read made MHD_stop_daemon panic ("called
+	 * while we have suspended connections"). tests/http/test_shutdown_load.py.
+	 */
+	atomic_store(&h->draining, 1);
 	for (int waited = 0; atomic_load(&h->active) > 0 && waited < grace_ms; waited += 10)
 		nanosleep(&(struct timespec){0, 10000000}, NULL);
-	/* A request still suspended belongs to a writer or channel thread that
-	 * will resume it: stopping the daemon under it is not allowed. */
+	/* A request still waiting for its writer or channel thread: its
+	 * connection thread cannot be joined, so MHD_stop_daemon is not called. */
 	if ((left = atomic_load(&h->active)) > 0)
 		return left;
 	MHD_stop_daemon(h->daemon);

@@ -30,7 +30,7 @@ static void usage(FILE *f)
 	    "  --listen HOST:PORT        address to listen on [IDEM_LISTEN] (127.0.0.1:8080)\n"
 	    "  --db URL                  store URL [IDEM_DB] (sqlite:idem.db); given again,\n"
 	    "                            one shard each, in order (docs/scaling.md)\n"
-	    "  --threads N               HTTP worker threads [IDEM_THREADS] (8)\n"
+	    "  --threads N               unused: a thread per connection [IDEM_THREADS] (8)\n"
 	    "  --idempotency-ttl DUR     record retention, e.g. 24h, 30m, 90s "
 	    "[IDEM_IDEMPOTENCY_TTL] (24h)\n"
 	    "                            (notifications keep at least 72h)\n"
@@ -469,10 +469,10 @@ int main(int argc, char **argv)
 		goto done;
 	}
 	log_msg("info",
-	        "idemd %s listening on %s (port %d), store %s, %d threads, ttl %llds, batch %d, "
-	        "cache %d MiB%s%s",
+	        "idemd %s listening on %s (port %d), store %s, <= %d connections, ttl %llds, "
+	        "batch %d, cache %d MiB%s%s",
 	        IDEM_VERSION, cfg.listen, http_port(http), idem_store_backend(st.store),
-	        cfg.threads, (long long)(cfg.ttl_ms / 1000), cfg.batch_max, cfg.cache_mb,
+	        cfg.max_connections, (long long)(cfg.ttl_ms / 1000), cfg.batch_max, cfg.cache_mb,
 	        cfg.synchronous_full ? "" : ", synchronous=NORMAL",
 	        nstores > 1 ? ", sharded" : "");
 	if (nstores > 1)

@@ -307,77 +307,103 @@ static int match(const char *pattern, const char *path, route_match *m)
 	return *p == '\0' && *u == '\0';
 }
 
-int route_prepare(server_state *s, http_req *r, const char *method, const char *path,
-                  route_match *m, http_answer *a)
+/* The bearer key's bytes, or NULL (and a 401 in a) when the header is not one. */
+static const char *bearer_key(http_req *r, size_t *len, http_answer *a)
+{
+	const char *auth = req_header(r, "Authorization", len);
+
+	if (auth)
+		head_trim(&auth, len);
+	if (!auth || *len < 7 || strncasecmp(auth, "Bearer ", 7) != 0) {
+		answer_problem(a, 401, "unauthorized", "send Authorization: Bearer <api key>");
+		a->www_auth = WWW_AUTH_BEARER;
+		return NULL;
+	}
+	auth += 7;
+	*len -= 7;
+	head_trim(&auth, len);
+	return auth;
+}
+
+/* The merchant of the bearer key into m->merchant; -1: a has the answer. */
+static int authenticate(server_state *s, http_req *r, route_match *m, http_answer *a)
+{
+	size_t len = 0;
+	const char *key = bearer_key(r, &len, a);
+	int rc;
+
+	if (!key)
+		return -1;
+	/* every byte counts: a NUL and what follows it are part of the key */
+	rc = idem_pay_authenticate(s->pay, key, len, m->merchant);
+	if (rc == IDEM_ENOTFOUND) {
+		answer_problem(a, 401, "unauthorized", "the API key is not valid");
+		a->www_auth = WWW_AUTH_BEARER;
+		return -1;
+	}
+	if (rc < 0) {
+		idem_result res = {0};
+
+		answer_result(a, rc, &res);
+		return -1;
+	}
+	return 0;
+}
+
+/* The route for method and path into m; -1: a has the 404 or 405. */
+static const route *find_route(const char *method, const char *path, route_match *m, http_answer *a)
 {
 	int has_get = 0, has_post = 0;
-	const route *found = NULL;
 
-	memset(m, 0, sizeof(*m));
-	a->outcome = "-";
 	if (strcmp(method, "HEAD") == 0) /* GET without the body (libmicrohttpd drops it) */
 		method = "GET";
 	for (size_t i = 0; i < NROUTES; i++) {
-		route_match tmp;
+		route_match tmp = {0};
 
 		if (!match(routes[i].pattern, path, &tmp))
 			continue;
 		m->route = routes[i].name;
 		if (strcmp(routes[i].method, method) == 0) {
-			found = &routes[i];
 			*m = tmp;
 			m->route = routes[i].name;
-			break;
+			return &routes[i];
 		}
 		has_get |= strcmp(routes[i].method, "GET") == 0;
 		has_post |= strcmp(routes[i].method, "POST") == 0;
 	}
-	if (!found && (has_get || has_post)) {
+	if (has_get || has_post) {
 		answer_problem(a, 405, "method_not_allowed", "this path does not take that method");
 		a->allow = has_get && has_post ? "GET, HEAD, POST" : has_get ? "GET, HEAD" : "POST";
-		return -1;
-	}
-	if (!found) {
+	} else {
 		answer_problem(a, 404, "not_found", "no such resource");
-		return -1;
 	}
+	return NULL;
+}
+
+int route_prepare(server_state *s, http_req *r, const char *method, const char *path,
+                  route_match *m, http_answer *a)
+{
+	const route *found;
+
+	memset(m, 0, sizeof(*m));
+	a->outcome = "-";
+	if (!(found = find_route(method, path, m, a)))
+		return -1;
 	m->handler = found->handler;
-	if (found->auth == AUTH_BEARER) {
-		size_t len = 0;
-		const char *auth = req_header(r, "Authorization", &len);
-		int rc;
-
-		if (auth)
-			head_trim(&auth, &len);
-		if (!auth || len < 7 || strncasecmp(auth, "Bearer ", 7) != 0) {
-			answer_problem(a, 401, "unauthorized",
-			               "send Authorization: Bearer <api key>");
-			a->www_auth = WWW_AUTH_BEARER;
-			return -1;
-		}
-		auth += 7;
-		len -= 7;
-		head_trim(&auth, &len);
-		/* every byte counts: a NUL and what follows it are part of the key */
-		rc = idem_pay_authenticate(s->pay, auth, len, m->merchant);
-		if (rc == IDEM_ENOTFOUND) {
-			answer_problem(a, 401, "unauthorized", "the API key is not valid");
-			a->www_auth = WWW_AUTH_BEARER;
-			return -1;
-		}
-		if (rc < 0) {
-			idem_result res = {0};
-
-			answer_result(a, rc, &res);
-			return -1;
-		}
-	} else if (found->auth == AUTH_SIGNATURE && !req_header(r, "X-Signature", NULL)) {
+	if (found->auth == AUTH_BEARER)
+		return authenticate(s, r, m, a);
+	if (found->auth == AUTH_SIGNATURE && !req_header(r, "X-Signature", NULL)) {
 		/* The signature itself is checked once the body is in. */
 		answer_problem(a, 401, "invalid_signature", "X-Signature is required");
 		a->www_auth = WWW_AUTH_SIGNATURE;
 		return -1;
 	}
 	return 0;
+}
+
+void route_run(server_state *s, http_req *r, route_match *m, http_answer *a)
+{
+	m->handler(s, r, m, a);
 }
 
 int route_check_media(http_req *r, const char *method, http_answer *a)

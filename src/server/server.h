@@ -21,7 +21,7 @@ typedef enum { LOG_TEXT, LOG_JSON } log_format;
 typedef struct {
 	char listen[128];
 	char db[1024];
-	int threads;
+	int threads; /* --threads: unused since a thread serves each connection */
 	int64_t ttl_ms;
 	log_format log_format;
 	int mock_channel_delay_ms;
@@ -107,8 +107,8 @@ void answer_result(http_answer *a, int rc, idem_result *res);
 
 /*
  * Routing. route_prepare runs when the headers are in (before the body):
- * it picks the handler and checks method, auth and signature-free limits;
- * when it answers, the body is never read. route_run runs with the body.
+ * it picks the handler and checks the method and the credentials; when it
+ * answers, the body is never read. route_run runs with the body.
  */
 typedef struct route_match route_match;
 struct route_match {
@@ -123,6 +123,13 @@ struct route_match {
 /* 0: m is ready to run; else a has the answer. */
 int route_prepare(server_state *s, http_req *r, const char *method, const char *path,
                   route_match *m, http_answer *a);
+
+/*
+ * Run the route once the body is in, on the connection's own thread; a
+ * says the answer, or a->pending when a write's answer comes later
+ * through http_write_done.
+ */
+void route_run(server_state *s, http_req *r, route_match *m, http_answer *a);
 
 /* 415 unless a POST's Content-Type, when given, is application/json. */
 int route_check_media(http_req *r, const char *method, http_answer *a);
@@ -180,9 +187,12 @@ typedef struct http_server http_server;
 int http_start(http_server **out, server_state *s, char *err, size_t errlen);
 /* The port actually bound (for --listen with port 0). */
 int http_port(http_server *h);
-/* Stop accepting, let in-flight requests finish (up to grace_ms), stop. */
-/* Returns the number of requests still in flight after grace_ms (then the
- * daemon is left running: the caller must exit without cleaning up). */
+/*
+ * Let in-flight requests finish (up to grace_ms; one begun meanwhile is
+ * answered 503 shutting_down), then stop. Returns the number of requests
+ * still in flight after grace_ms (then the daemon is left running: the
+ * caller must exit without cleaning up).
+ */
 int http_stop(http_server *h, int grace_ms);
 
 #endif

@@ -256,16 +256,16 @@ class Deadline(harness.TestCase):
 
 
 class ResumeRace(harness.TestCase):
-    """Issue 16: http_write_done resumes the connection, then unlocks r->lock;
-    could on_completed free r in between? The test hook holds the writer in
-    that window for 100 ms while clients reset their connections right after
-    sending. Run it on a ThreadSanitizer build (cmake -B build-tsan
-    -DCMAKE_C_FLAGS=-fsanitize=thread -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread):
-    it reports "destroy of a locked mutex" and exits non-zero as soon as
-    anything frees r inside the window. On libmicrohttpd 0.9.75 nothing does
-    (the resumed on_request call takes r->lock before it can answer, and
-    on_completed only follows the answer); on_completed now takes the lock
-    too, so that no longer depends on libmicrohttpd's order."""
+    """Issue 16: a client gone while its write waits for the writer must not
+    make anything free r under the writer. Since idemd runs a thread per
+    connection (issue 13) no connection is suspended: the connection's thread
+    waits on r->cond, http_write_done signals it under r->lock, and r is freed
+    only after on_request returned. IDEMD_TEST_RESUME_DELAY_US (the hook that
+    held the writer between MHD_resume_connection and its unlock) is gone; the
+    clients still reset right after sending. Run it on a ThreadSanitizer build
+    (cmake -B build-tsan -DCMAKE_C_FLAGS=-fsanitize=thread
+    -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread) to see a free inside the
+    window."""
 
     @classmethod
     def setUpClass(cls):
