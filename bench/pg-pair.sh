@@ -12,7 +12,8 @@
 # server's CPU per answer (user + system ticks of the postmaster and its
 # children, sampled every 0.25 s), and at the end the median of each row over the
 # rounds. Knobs: PAIR_ROUNDS (3), BENCH_DURATION (10), BENCH_CONCURRENCY
-# (32), PAIR_NOGC (1 also runs each build with --batch-max 1),
+# (32), PAIR_NOGC (1 also runs each build with --batch-max 1), PAIR_DURABLE
+# (1; 0 runs the server with fsync and synchronous_commit off),
 # PAIR_PROFILE (1: one extra short idemd run per build with
 # pg_stat_statements, printing the statements executed per answer).
 # The first build's idem-bench and idemctl drive every run.
@@ -66,8 +67,15 @@ pg_restart() {
     -o "-c listen_addresses=127.0.0.1 -p $pg_port -c unix_socket_directories=$db_state/pg \
         -c max_connections=300 -c shared_buffers=32MB $*" restart >/dev/null
 }
-log "restarting PostgreSQL with fsync=on, synchronous_commit=on"
-pg_restart
+if [ "${PAIR_DURABLE:-1}" = 1 ]; then
+  log "restarting PostgreSQL with fsync=on, synchronous_commit=on"
+  pg_restart
+else
+  # db-up.sh's test settings (fsync, synchronous_commit off): what is left
+  # when the disk flush costs nothing, i.e. CPU and round trips.
+  log "PostgreSQL left with fsync=off, synchronous_commit=off (PAIR_DURABLE=0)"
+  pg_restart "-c fsync=off -c synchronous_commit=off"
+fi
 psql -q "$IDEM_TEST_PG_URL" -c 'CREATE DATABASE idem_bench' >/dev/null
 pg_url=${IDEM_TEST_PG_URL%/*}/idem_bench
 "$idemctl" --db "$pg_url" demo >/dev/null
@@ -123,10 +131,11 @@ PY
   for _ in $(seq 1 100); do [ -e "$tmp/pgcpu.ready" ] && break; sleep 0.05; done
   rm -f "$tmp/pgcpu.ready"
 }
+# Not in a $(...): only this shell can wait for the sampler. Sets pg_ticks.
 pg_cpu_stop() {
   kill -TERM "$sampler" 2>/dev/null || true
   wait "$sampler" 2>/dev/null || true
-  cat "$tmp/pgcpu" 2>/dev/null || echo 0
+  pg_ticks=$(cat "$tmp/pgcpu" 2>/dev/null || echo 0)
   rm -f "$tmp/pgcpu"
 }
 hz=$(getconf CLK_TCK)
@@ -148,15 +157,15 @@ run_pgbench() {
   local out tps n
   pg_cpu_start
   out=$(pgbench -n -M prepared -f "$tmp/first.sql" -c "$conc" -j 2 -T "$dur" "$pg_url" 2>&1) || { echo "$out" >&2; }
-  t=$(pg_cpu_stop)
+  pg_cpu_stop
   tps=$(sed -n 's/^tps = \([0-9.]*\).*/\1/p' <<<"$out" | head -n 1)
   n=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' <<<"$out")
-  row pgbench "${tps%.*}" "${n:-0}" 0 "$t" -
+  row pgbench "${tps%.*}" "${n:-0}" 0 "$pg_ticks" -
 }
 
 # run_idemd KEY BUILD [FLAGS...]
 run_idemd() {
-  local key=$1 build=$2 out t0 t1 pt rps n p99 port
+  local key=$1 build=$2 out t0 t1 rps n p99 port
   shift 2
   port=$(free_port)
   "$build/idemd" --db "$pg_url" --listen "127.0.0.1:$port" "$@" >/dev/null 2>"$tmp/idemd.log" &
@@ -169,14 +178,14 @@ run_idemd() {
   pg_cpu_start
   out=$("$bench" --url "127.0.0.1:$port" --db "$pg_url" --idemctl "$idemctl" \
     --concurrency "$conc" --json --label "$key" --duration "$dur" 2>"$tmp/bench.err") || tail -n 5 "$tmp/bench.err" >&2
-  pt=$(pg_cpu_stop)
+  pg_cpu_stop
   t1=$(awk '{print $14 + $15}' "/proc/$server_pid/stat")
   stop_server
   read -r rps n p99 verify < <(python3 -c 'import json,sys
 d=json.loads(sys.argv[1] or "{}")
 print(int(d.get("rps",0)), d.get("requests",0), round(d.get("p99_ms",0),1), d.get("verify","-"))' "$out")
   [ "$verify" = ok ] || log "$key: exactly-once check: $verify"
-  row "$key" "$rps" "${n:-0}" $((t1 - t0)) "$pt" "$p99"
+  row "$key" "$rps" "${n:-0}" $((t1 - t0)) "$pg_ticks" "$p99"
 }
 
 if [ "$profile" = 1 ]; then
@@ -193,7 +202,7 @@ if [ "$profile" = 1 ]; then
       psql -qtA "$pg_url" -c "SELECT 'xact_commit', xact_commit FROM pg_stat_database WHERE datname = 'idem_bench'" >&2
     done
   done
-  pg_restart
+  if [ "${PAIR_DURABLE:-1}" = 1 ]; then pg_restart; else pg_restart "-c fsync=off -c synchronous_commit=off"; fi
 fi
 
 for r in $(seq 1 "$rounds"); do
