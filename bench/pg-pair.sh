@@ -142,30 +142,43 @@ hz=$(getconf CLK_TCK)
 results=$tmp/results.tsv
 : >"$results"
 
-# row KEY RPS ANSWERS IDEMD_TICKS PG_TICKS P99
+# row KEY RPS ANSWERS IDEMD_TICKS PG_TICKS P99 IDEMD_SWITCHES
+# (idemd's voluntary context switches, all threads: counted, not timed)
 row() {
-  local us_idemd=- us_pg=-
+  local us_idemd=- us_pg=- sc=-
   if [ "$3" -gt 0 ]; then
     us_idemd=$(python3 -c "print(round($4 * 1e6 / $hz / $3, 1))")
     us_pg=$(python3 -c "print(round($5 * 1e6 / $hz / $3, 1))")
+    [ "$7" -gt 0 ] && sc=$(python3 -c "print(round($7 / $3, 1))")
   fi
-  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$us_idemd" "$us_pg" "$6" "$(cut -d' ' -f1 /proc/loadavg)" >>"$results"
-  log "$(printf '%-24s %8s req/s  idemd %6s us/ans  pg %6s us/ans  p99 %s ms  load %s' "$1" "$2" "$us_idemd" "$us_pg" "$6" "$(cut -d' ' -f1 /proc/loadavg)")"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$us_idemd" "$us_pg" "$6" "$(cut -d' ' -f1 /proc/loadavg)" "$sc" >>"$results"
+  log "$(printf '%-20s %6s req/s  idemd %5s us/ans  pg %5s us/ans  %4s waits/ans  p99 %s ms  load %s' "$1" "$2" "$us_idemd" "$us_pg" "$sc" "$6" "$(cut -d' ' -f1 /proc/loadavg)")"
+}
+
+# Voluntary context switches of all of PID's threads: each wait for the
+# database (or for work) is one; a round trip saved is one fewer.
+csw() {
+  cat /proc/"$1"/task/*/status 2>/dev/null | awk '/^voluntary_ctxt_switches/ {s += $2} END {print s + 0}'
+}
+
+checkpoint() {
+  psql -qtA "$pg_url" -c CHECKPOINT >/dev/null
 }
 
 run_pgbench() {
   local out tps n
+  checkpoint
   pg_cpu_start
-  out=$(pgbench -n -M prepared -f "$tmp/first.sql" -c "$conc" -j 2 -T "$dur" "$pg_url" 2>&1) || { echo "$out" >&2; }
+  out=$(pgbench -n -M prepared -f "$tmp/first.sql" -c "$conc" -j $((conc < 2 ? conc : 2)) -T "$dur" "$pg_url" 2>&1) || { echo "$out" >&2; }
   pg_cpu_stop
   tps=$(sed -n 's/^tps = \([0-9.]*\).*/\1/p' <<<"$out" | head -n 1)
   n=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' <<<"$out")
-  row pgbench "${tps%.*}" "${n:-0}" 0 "$pg_ticks" -
+  row pgbench "${tps%.*}" "${n:-0}" 0 "$pg_ticks" - 0
 }
 
 # run_idemd KEY BUILD [FLAGS...]
 run_idemd() {
-  local key=$1 build=$2 out t0 t1 rps n p99 port
+  local key=$1 build=$2 out t0 t1 io0 io1 rps n p99 port
   shift 2
   port=$(free_port)
   "$build/idemd" --db "$pg_url" --listen "127.0.0.1:$port" "$@" >/dev/null 2>"$tmp/idemd.log" &
@@ -174,18 +187,21 @@ run_idemd() {
     curl -fsS "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && break
     sleep 0.05
   done
+  checkpoint
   t0=$(awk '{print $14 + $15}' "/proc/$server_pid/stat")
+  io0=$(csw "$server_pid")
   pg_cpu_start
   out=$("$bench" --url "127.0.0.1:$port" --db "$pg_url" --idemctl "$idemctl" \
     --concurrency "$conc" --json --label "$key" --duration "$dur" 2>"$tmp/bench.err") || tail -n 5 "$tmp/bench.err" >&2
   pg_cpu_stop
   t1=$(awk '{print $14 + $15}' "/proc/$server_pid/stat")
+  io1=$(csw "$server_pid")
   stop_server
   read -r rps n p99 verify < <(python3 -c 'import json,sys
 d=json.loads(sys.argv[1] or "{}")
 print(int(d.get("rps",0)), d.get("requests",0), round(d.get("p99_ms",0),1), d.get("verify","-"))' "$out")
   [ "$verify" = ok ] || log "$key: exactly-once check: $verify"
-  row "$key" "$rps" "${n:-0}" $((t1 - t0)) "$pg_ticks" "$p99"
+  row "$key" "$rps" "${n:-0}" $((t1 - t0)) "$pg_ticks" "$p99" $((io1 - io0))
 }
 
 if [ "$profile" = 1 ]; then
@@ -205,29 +221,36 @@ if [ "$profile" = 1 ]; then
   if [ "${PAIR_DURABLE:-1}" = 1 ]; then pg_restart; else pg_restart "-c fsync=off -c synchronous_commit=off"; fi
 fi
 
+# Every run starts from a CHECKPOINT (so none inherits the previous run's
+# dirty buffers), and the builds take turns going first.
 for r in $(seq 1 "$rounds"); do
   log "round $r of $rounds"
+  order=("${!builds[@]}")
+  if [ $((r % 2)) = 0 ]; then
+    order=()
+    for ((i = ${#builds[@]} - 1; i >= 0; i--)); do order+=("$i"); done
+  fi
   run_pgbench
-  for i in "${!builds[@]}"; do
+  for i in "${order[@]}"; do
     run_idemd "b${i}_first" "${builds[$i]}"
-    [ "$nogc" = 1 ] && run_idemd "b${i}_first_nogc" "${builds[$i]}" --batch-max 1
+    if [ "$nogc" = 1 ]; then run_idemd "b${i}_first_nogc" "${builds[$i]}" --batch-max 1; fi
   done
 done
 
 echo "# builds: ${builds[*]}"
 echo "# $(nproc) cores, $(uname -r), ${dur} s per run, $conc connections, $rounds rounds"
-echo -e "# run\treq/s\tidemd_us\tpg_us\tp99_ms\tload1"
+echo -e "# run\treq/s\tidemd_us\tpg_us\tp99_ms\tload1\tidemd_waits"
 cat "$results"
 python3 - "$results" <<'PY'
 import sys, statistics as st
 rows = {}
 order = []
 for line in open(sys.argv[1]):
-    k, rps, ui, up, p99, load = line.rstrip('\n').split('\t')
+    k, rps, ui, up, p99, load, sc = line.rstrip('\n').split('\t')
     if k not in rows:
         rows[k] = []
         order.append(k)
-    rows[k].append((float(rps), ui, up, p99, load))
+    rows[k].append((float(rps), ui, up, p99, load, sc))
 pgb = [r[0] for r in rows.get('pgbench', [])]
 print('# medians (ratio: median of the per-round ratios to that round\'s pgbench)')
 for k in order:
@@ -237,7 +260,8 @@ for k in order:
     ratio = ''
     if k != 'pgbench' and pgb:
         ratio = '%.2fx' % st.median(r[0] / p for r, p in zip(v, pgb) if p > 0)
-    ui, up = num(1), num(2)
-    print('%-20s %8.0f req/s  idemd %s us  pg %s us  %s' % (k, med,
-          '%.0f' % st.median(ui) if ui else '-', '%.0f' % st.median(up) if up else '-', ratio))
+    ui, up, sc = num(1), num(2), num(5)
+    print('%-20s %8.0f req/s  idemd %s us  pg %s us  %s waits  %s' % (k, med,
+          '%.0f' % st.median(ui) if ui else '-', '%.0f' % st.median(up) if up else '-',
+          '%.1f' % st.median(sc) if sc else '-', ratio))
 PY
