@@ -235,7 +235,7 @@ static idem__status status_for(int http_status)
  * Run work for the record id held by owner, then complete the record with its
  * response when it is to be kept. On success out holds the response; when
  * out->stored is 0 the caller rolls the work back. Inside the caller's
- * transaction and savepoint.
+ * transaction and savepoint, in which claim_in_txn claimed id.
  */
 static int work_and_complete(idem_txn *txn, int64_t id, const char *owner, idem_work_fn work,
                              void *ctx, idem_result *out)
@@ -251,7 +251,14 @@ static int work_and_complete(idem_txn *txn, int64_t id, const char *owner, idem_
 		                 resp.http_status);
 		goto done;
 	}
-	if (resp.persist) {
+	if (resp.persist && ops->rec_complete_held) {
+		/* The claim above holds the row: the completion cannot miss. */
+		rc = ops->rec_complete_held(txn, id, owner, status_for(resp.http_status),
+		                            resp.http_status, resp.body, resp.body_len,
+		                            idem_store_now(txn->store));
+		if (rc < 0)
+			goto done;
+	} else if (resp.persist) {
 		rc = ops->rec_complete(txn, id, owner, status_for(resp.http_status),
 		                       resp.http_status, resp.body, resp.body_len,
 		                       idem_store_now(txn->store), &changed);

@@ -67,7 +67,7 @@ struct idem_txn {
 };
 
 /* Bump when the shape or the meaning of idem__backend_ops changes. */
-#define IDEM__BACKEND_OPS_VERSION 2
+#define IDEM__BACKEND_OPS_VERSION 3
 
 /* Capabilities (idem__backend_ops.caps). */
 #define IDEM__CAP_ONE_WRITER 0x1u /* one write transaction at a time: one group-commit writer */
@@ -127,6 +127,19 @@ struct idem__backend_ops {
 			 idem_row_fn fn, void *ctx);
 	int (*read_query)(idem__backend *be, const char *sql, const idem_value *params, int n,
 			  idem_row_fn fn, void *ctx);
+
+	/* Since version 3. */
+	/*
+	 * NULL, or rec_complete for a record that this very transaction inserted
+	 * or took over (so it has held the row's lock since, and the UPDATE
+	 * cannot miss): the backend may send it without waiting for its answer
+	 * (PostgreSQL pipelines it with the next statement). Should it match no
+	 * row after all, the transaction fails, IDEM_ELEASE, at the latest at
+	 * its COMMIT.
+	 */
+	int (*rec_complete_held)(idem_txn *txn, int64_t id, const char *owner, idem__status st,
+				 int http_status, const unsigned char *body, size_t len,
+				 int64_t now);
 };
 
 /*

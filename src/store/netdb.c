@@ -291,7 +291,9 @@ int idem__net_txn_begin(idem__backend *be, idem_txn **out)
 
 		if ((rc = idem__net_take(be, IDEM__NET_WRITER, deadline, &c, &fresh)) < 0)
 			return rc;
-		if ((rc = be->drv->simple(c, be->drv->begin_sql, "begin")) == 0) {
+		rc = be->drv->begin ? be->drv->begin(c, fresh)
+				    : be->drv->simple(c, be->drv->begin_sql, "begin");
+		if (rc == 0) {
 			*out = &c->txn.base;
 			return 0;
 		}
@@ -332,7 +334,7 @@ int idem__net_txn_commit(idem_txn *txn)
 	return 0;
 }
 
-static int savepoint_sql(idem_txn *txn, const char *verb, const char *name)
+static int savepoint_sql(idem_txn *txn, const char *verb, const char *name, int may_defer)
 {
 	idem__netconn *c = idem__net_conn_of(txn);
 	const idem__netdb_driver *drv = c->txn.be->drv;
@@ -345,24 +347,26 @@ static int savepoint_sql(idem_txn *txn, const char *verb, const char *name)
 		if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '_'))
 			return idem__error(IDEM_EINVAL, "bad savepoint name");
 	snprintf(sql, sizeof(sql), "%s %s", verb, name);
-	if ((rc = drv->simple(c, sql, verb)) < 0 && drv->savepoint_failed)
+	/* SAVEPOINT and RELEASE may go without waiting; ROLLBACK TO always waits. */
+	rc = may_defer && drv->defer ? drv->defer(c, sql, verb) : drv->simple(c, sql, verb);
+	if (rc < 0 && drv->savepoint_failed)
 		rc = drv->savepoint_failed(c, verb, rc);
 	return rc;
 }
 
 int idem__net_savepoint(idem_txn *txn, const char *name)
 {
-	return savepoint_sql(txn, "SAVEPOINT", name);
+	return savepoint_sql(txn, "SAVEPOINT", name, 1);
 }
 
 int idem__net_release(idem_txn *txn, const char *name)
 {
-	return savepoint_sql(txn, "RELEASE SAVEPOINT", name);
+	return savepoint_sql(txn, "RELEASE SAVEPOINT", name, 1);
 }
 
 int idem__net_rollback_to(idem_txn *txn, const char *name)
 {
-	return savepoint_sql(txn, "ROLLBACK TO SAVEPOINT", name);
+	return savepoint_sql(txn, "ROLLBACK TO SAVEPOINT", name, 0);
 }
 
 /* One batch through the expires_at index; a live lease is never purged. */

@@ -110,6 +110,21 @@ struct idem__netdb_driver {
 	const char *begin_sql;   /* "BEGIN", "START TRANSACTION" */
 	const char *version_sql; /* 1 when idem_schema_version exists */
 	const char *purge_sql;   /* the dialect's purge batch: ?now ?now ?batch */
+	/*
+	 * NULL (then simple(begin_sql)), or the driver's own BEGIN on c, which
+	 * may be sent without waiting for its answer. fresh: c was opened just
+	 * now; when it was not, a connection the server closed while it was
+	 * pooled must fail here as IDEM_EUNAVAIL (broken), so that the BEGIN is
+	 * retried on a new one.
+	 */
+	int (*begin)(idem__netconn *c, int fresh);
+	/*
+	 * NULL (then simple), or send a statement without parameters or rows
+	 * (SAVEPOINT, RELEASE) inside a transaction without waiting for its
+	 * answer: its failure is reported by the next statement that waits (at
+	 * the latest COMMIT, which then fails).
+	 */
+	int (*defer)(idem__netconn *c, const char *sql, const char *what);
 };
 
 typedef enum { IDEM__NET_WRITER, IDEM__NET_READER, IDEM__NET_PING } idem__net_pool;

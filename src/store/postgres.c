@@ -22,6 +22,15 @@
  * conflict; other class 23 states constraint violations; class 08 and
  * 57P01..57P03 "store unavailable". Nothing else is ever a duplicate.
  *
+ * Write transactions run in libpq's pipeline mode (from BEGIN to COMMIT or
+ * ROLLBACK): statements whose answer nobody waits for (BEGIN, SAVEPOINT,
+ * RELEASE, the completion UPDATE of a record the transaction claimed) are
+ * only queued, and go to the server with the next statement that waits,
+ * in one write and one round trip, each wait ending in a Sync. An error in
+ * a queued statement makes the server skip the rest up to that Sync, so
+ * the statement that waits reports it (classified as the queued one's)
+ * and COMMIT is never run after it: it fails, and nothing is acknowledged.
+ *
  * A failed statement aborts a whole PostgreSQL transaction, but idem's
  * contract is that a failed business statement leaves the unit's
  * transaction usable, so each business statement runs inside its own
@@ -62,13 +71,28 @@
 #define OID_OID 26
 #define OID_NUMERIC 1700
 
+/* Statements queued without waiting between two statements that wait. */
+#define MAX_DEFERRED 16
+
 typedef struct conn conn;
+
+/* What a queued statement was: how its failure reads. */
+typedef enum { DEF_PLAIN = 1, DEF_COMPLETE = 2 } def_kind;
 
 /* A connection: the core's header first (netdb.h), then libpq's. */
 struct conn {
 	idem__netconn base;
 	PGconn *pg;
 	int io_timeout_ms;
+	int piped;     /* in pipeline mode: inside a write transaction */
+	int ndeferred; /* statements sent whose answers are not read yet */
+	struct {
+		def_kind kind;
+		const char *what; /* a literal */
+	} deferred[MAX_DEFERRED];
+	/* The last answer's error came from queued statement of this kind (0: none). */
+	def_kind failed_kind;
+	const char *failed_what;
 	int ncache;
 	struct {
 		char *sql; /* the caller's SQL text, before rewriting */
@@ -104,7 +128,18 @@ static int fail(conn *c, const PGresult *res, err_ctx ctx, const char *what)
 	const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
 	const char *cons = res ? PQresultErrorField(res, PG_DIAG_CONSTRAINT_NAME) : NULL;
 	const char *msg = res ? PQresultErrorMessage(res) : "";
+	def_kind queued = c->failed_kind;
 	int code, len;
+
+	c->failed_kind = 0;
+	if (res && queued) {
+		/* A queued statement failed: the one that waited did not run. */
+		ctx = CTX_PLAIN;
+		what = c->failed_what;
+		if (queued == DEF_COMPLETE && is_state(state, "22012"))
+			/* pg_rec_complete_held's "1 / count(*)": it matched no row. */
+			return idem__error(IDEM_ELEASE, "the claim's lease was taken over");
+	}
 
 	if (!res && c->base.timed_out)
 		msg = "the server did not answer before the deadline; connection dropped";
@@ -389,40 +424,116 @@ static int deliver_rows(PGresult *res, idem_row_fn fn, void *ctx)
  * NULL when nothing usable came back (c->base.broken is then set). sent is the
  * return value of the PQsend* call.
  */
-static PGresult *await(conn *c, int sent)
+/* The bound of a wait starting now: the I/O bound, or the connection's deadline. */
+static int64_t io_deadline(const conn *c)
 {
 	int64_t deadline = idem__clock_monotonic_us() + (int64_t)c->io_timeout_ms * 1000;
-	PGresult *res = NULL, *r;
 
 	if (c->base.deadline_us > 0 && c->base.deadline_us < deadline)
 		deadline = c->base.deadline_us;
+	return deadline;
+}
 
-	if (!sent) {
+/* Wait until PQgetResult will not block: 0, or -1 with c broken (timed out). */
+static int wait_ready(conn *c, int64_t deadline)
+{
+	while (PQisBusy(c->pg)) {
+		struct pollfd pfd = {PQsocket(c->pg), POLLIN, 0};
+		int64_t left = deadline - idem__clock_monotonic_us();
+		int n;
+
+		if (left <= 0) {
+			c->base.broken = c->base.timed_out = 1;
+			return -1;
+		}
+		n = poll(&pfd, 1, (int)((left + 999) / 1000));
+		if (n < 0 && errno != EINTR) {
+			c->base.broken = 1;
+			return -1;
+		}
+		if (n > 0 && !PQconsumeInput(c->pg)) {
+			c->base.broken = 1;
+			return -1;
+		}
+	}
+	return 0;
+}
+
+/*
+ * In pipeline mode: send a Sync and read every answer up to it, those of the
+ * queued statements first, then (current) that of the statement just sent.
+ * Returns the first error (c->failed_kind says when a queued statement's),
+ * else the current statement's result; NULL when nothing usable came back
+ * (c broken) or, without current, when every queued statement succeeded.
+ */
+static PGresult *await_pipeline(conn *c, int64_t deadline, int current)
+{
+	int nq = c->ndeferred + (current ? 1 : 0), idx = 0;
+	PGresult *res = NULL, *r;
+
+	if (!PQpipelineSync(c->pg)) {
 		c->base.broken = 1;
 		return NULL;
 	}
 	for (;;) {
-		while (PQisBusy(c->pg)) {
-			struct pollfd pfd = {PQsocket(c->pg), POLLIN, 0};
-			int64_t left = deadline - idem__clock_monotonic_us();
-			int n;
+		ExecStatusType st;
 
-			if (left <= 0) {
-				c->base.broken = c->base.timed_out = 1;
-				PQclear(res);
-				return NULL;
-			}
-			n = poll(&pfd, 1, (int)((left + 999) / 1000));
-			if (n < 0 && errno != EINTR) {
+		if (wait_ready(c, deadline) < 0)
+			break;
+		if (!(r = PQgetResult(c->pg))) {
+			/* The end of one statement's answers; the Sync's has no NULL. */
+			if (++idx > nq || PQstatus(c->pg) == CONNECTION_BAD) {
 				c->base.broken = 1;
-				PQclear(res);
-				return NULL;
+				break;
 			}
-			if (n > 0 && !PQconsumeInput(c->pg)) {
-				c->base.broken = 1;
-				PQclear(res);
-				return NULL;
+			continue;
+		}
+		if ((st = PQresultStatus(r)) == PGRES_PIPELINE_SYNC) {
+			PQclear(r);
+			c->ndeferred = 0;
+			return res;
+		}
+		if (res && PQresultStatus(res) == PGRES_FATAL_ERROR) {
+			PQclear(r); /* skipped after the error (PIPELINE_ABORTED) */
+		} else if (st == PGRES_FATAL_ERROR || (current && idx >= c->ndeferred)) {
+			if (st == PGRES_FATAL_ERROR && idx < c->ndeferred) {
+				c->failed_kind = c->deferred[idx].kind;
+				c->failed_what = c->deferred[idx].what;
 			}
+			PQclear(res);
+			res = r;
+		} else {
+			PQclear(r); /* a queued statement's success */
+		}
+	}
+	c->ndeferred = 0;
+	PQclear(res);
+	return NULL;
+}
+
+/*
+ * Collect the result of what was just sent on c, waiting at most the
+ * connection's I/O bound. libpq's blocking calls would wait forever for a
+ * stopped server. Returns the first error result, else the last result, or
+ * NULL when nothing usable came back (c->base.broken is then set). sent is the
+ * return value of the PQsend* call.
+ */
+static PGresult *await(conn *c, int sent)
+{
+	int64_t deadline = io_deadline(c);
+	PGresult *res = NULL, *r;
+
+	c->failed_kind = 0;
+	if (!sent) {
+		c->base.broken = 1;
+		return NULL;
+	}
+	if (c->piped)
+		return await_pipeline(c, deadline, 1);
+	for (;;) {
+		if (wait_ready(c, deadline) < 0) {
+			PQclear(res);
+			return NULL;
 		}
 		if (!(r = PQgetResult(c->pg)))
 			break;
@@ -436,9 +547,14 @@ static PGresult *await(conn *c, int sent)
 	return res;
 }
 
-/* A statement without parameters (or a few, ';'-separated), bounded in time. */
+/*
+ * A statement without parameters (outside pipeline mode also a few,
+ * ';'-separated), bounded in time.
+ */
 static PGresult *exec_text(conn *c, const char *sql)
 {
+	if (c->piped)
+		return await(c, PQsendQueryParams(c->pg, sql, 0, NULL, NULL, NULL, NULL, 0));
 	return await(c, PQsendQuery(c->pg, sql));
 }
 
@@ -560,6 +676,108 @@ static int simple(conn *c, const char *sql, const char *what)
 	return rc;
 }
 
+/* ---- pipelining ------------------------------------------------------ */
+
+/*
+ * Read the answers of every queued statement now (a Sync, one round trip):
+ * 0, or the first one's error, classified. Before the queue overflows.
+ */
+static int drain(conn *c)
+{
+	PGresult *res;
+	int rc = 0;
+
+	if (!c->piped || c->ndeferred == 0)
+		return 0;
+	c->failed_kind = 0;
+	res = await_pipeline(c, io_deadline(c), 0);
+	if (res || c->base.broken)
+		rc = fail(c, res, CTX_PLAIN, "statement");
+	PQclear(res);
+	return rc;
+}
+
+/* Note a statement just queued (sent is its PQsend* call's answer). */
+static int queued(conn *c, int sent, def_kind kind, const char *what)
+{
+	if (!sent) {
+		c->base.broken = 1;
+		return fail(c, NULL, CTX_PLAIN, what);
+	}
+	c->deferred[c->ndeferred].kind = kind;
+	c->deferred[c->ndeferred].what = what;
+	c->ndeferred++;
+	return 0;
+}
+
+/* A statement without parameters or rows, queued in pipeline mode. */
+static int defer_text(conn *c, const char *sql, const char *what)
+{
+	int rc;
+
+	if (!c->pg || c->base.broken)
+		return idem__error(IDEM_EUNAVAIL, "postgresql: connection lost");
+	if (!c->piped)
+		return simple(c, sql, what);
+	if (c->ndeferred == MAX_DEFERRED && (rc = drain(c)) < 0)
+		return rc;
+	return queued(c, PQsendQueryParams(c->pg, sql, 0, NULL, NULL, NULL, NULL, 0), DEF_PLAIN,
+		      what);
+}
+
+/* A prepared statement with parameters, queued: its rows are never read. */
+static int defer_run(conn *c, const char *sql, const idem_value *params, int n, def_kind kind,
+		     const char *what)
+{
+	char *oneoff = NULL, name[16];
+	bound b = {0};
+	int slot = -1, rc;
+
+	if (!c->pg || c->base.broken)
+		return idem__error(IDEM_EUNAVAIL, "postgresql: connection lost");
+	if (c->ndeferred == MAX_DEFERRED && (rc = drain(c)) < 0)
+		return rc;
+	if ((rc = bind_params(&b, params, n)) < 0)
+		return rc;
+	if ((rc = prepare(c, sql, n, &slot, &oneoff)) < 0)
+		goto done;
+	if (slot >= 0) {
+		snprintf(name, sizeof(name), "idem_%d", slot);
+		rc = queued(c, PQsendQueryPrepared(c->pg, name, n, b.values, b.lengths, b.formats, 0),
+			    kind, what);
+	} else {
+		rc = queued(c, PQsendQueryParams(c->pg, oneoff, n, NULL, b.values, b.lengths,
+						 b.formats, 0),
+			    kind, what);
+	}
+done:
+	free(oneoff);
+	bound_free(&b);
+	return rc;
+}
+
+/* Leave pipeline mode once a transaction ended (every answer read). */
+static void pipe_leave(conn *c)
+{
+	if (!c->piped || c->base.broken)
+		return;
+	if (c->ndeferred == 0 && PQexitPipelineMode(c->pg))
+		c->piped = 0;
+	else
+		c->base.broken = 1;
+}
+
+/*
+ * Something to read on a pooled connection nobody asked anything: the
+ * server ended the session (a restart's FATAL message, or EOF).
+ */
+static int closed_by_server(conn *c)
+{
+	struct pollfd pfd = {PQsocket(c->pg), POLLIN, 0};
+
+	return pfd.fd < 0 || poll(&pfd, 1, 0) != 0 || PQstatus(c->pg) != CONNECTION_OK;
+}
+
 /* ---- connections ----------------------------------------------------- */
 
 static void quiet(void *arg, const char *message)
@@ -577,6 +795,8 @@ static void conn_close(conn *c)
 	if (c->pg)
 		PQfinish(c->pg);
 	c->pg = NULL;
+	c->piped = c->ndeferred = 0;
+	c->failed_kind = 0;
 	c->base.broken = 0;
 	c->base.timed_out = 0;
 }
@@ -680,9 +900,37 @@ static void drv_disconnect(idem__netconn *c)
 	conn_close((conn *)(void *)c);
 }
 
-static int drv_in_transaction(idem__netconn *c)
+static int drv_in_transaction(idem__netconn *nc)
 {
-	return PQtransactionStatus(((conn *)(void *)c)->pg) != PQTRANS_IDLE;
+	conn *c = (conn *)(void *)nc;
+
+	return c->piped || PQtransactionStatus(c->pg) != PQTRANS_IDLE;
+}
+
+/* BEGIN queued, in pipeline mode until COMMIT or ROLLBACK. */
+static int drv_begin(idem__netconn *nc, int fresh)
+{
+	conn *c = (conn *)(void *)nc;
+
+	if (!c->pg || c->base.broken)
+		return idem__error(IDEM_EUNAVAIL, "postgresql: connection lost");
+	/* A BEGIN that waited would find out here; a queued one must look. */
+	if (!fresh && closed_by_server(c)) {
+		c->base.broken = 1;
+		return idem__error(IDEM_EUNAVAIL, "postgresql: the server closed the connection");
+	}
+	if (c->piped || !PQenterPipelineMode(c->pg)) {
+		c->base.broken = 1;
+		return idem__error(IDEM_EUNAVAIL, "postgresql: cannot enter pipeline mode");
+	}
+	c->piped = 1;
+	c->ndeferred = 0;
+	return defer_text(c, "BEGIN", "begin");
+}
+
+static int drv_defer(idem__netconn *c, const char *sql, const char *what)
+{
+	return defer_text((conn *)(void *)c, sql, what);
 }
 
 static int drv_simple(idem__netconn *c, const char *sql, const char *what)
@@ -699,26 +947,39 @@ static int drv_run(idem__netconn *c, const char *sql, const idem_value *params, 
 static int drv_commit(idem__netconn *nc)
 {
 	conn *c = (conn *)(void *)nc;
-	PGresult *res = exec_text(c, "COMMIT");
+	PGresult *res = exec_text(c, "COMMIT"); /* with whatever is queued */
 	int rc = 0;
 
 	if (PQresultStatus(res) != PGRES_COMMAND_OK)
-		/* Lost during COMMIT: its fate is unknown: unavailable. */
+		/* Lost during COMMIT: its fate is unknown: unavailable. A queued
+		 * statement's error: COMMIT was not run (the core rolls back). */
 		rc = fail(c, res, CTX_PLAIN, "commit");
 	else if (strcmp(PQcmdStatus(res), "COMMIT") != 0)
 		/* COMMIT of a failed transaction answers ROLLBACK, not an error. */
 		rc = idem__error(IDEM_ESTORE, "postgresql: transaction was aborted; rolled back");
 	PQclear(res);
+	if (rc == 0)
+		pipe_leave(c);
 	return rc;
 }
 
 static int drv_rollback(idem__netconn *nc)
 {
-	PGresult *res = exec_text((conn *)(void *)nc, "ROLLBACK");
-	int bad = PQresultStatus(res) != PGRES_COMMAND_OK;
+	conn *c = (conn *)(void *)nc;
+	PGresult *res;
+	int bad;
 
+	/* A ROLLBACK behind a failed queued statement would be skipped: read
+	 * the queue first (its errors are of no interest now). */
+	if (c->piped && c->ndeferred > 0)
+		PQclear(await_pipeline(c, io_deadline(c), 0));
+	if (c->base.broken)
+		return 1;
+	res = exec_text(c, "ROLLBACK");
+	bad = PQresultStatus(res) != PGRES_COMMAND_OK;
 	PQclear(res);
-	return bad;
+	pipe_leave(c);
+	return bad || c->piped;
 }
 
 static void url_free(void *state)
@@ -738,6 +999,8 @@ static const idem__netdb_driver pg_driver = {
 	.rollback = drv_rollback,
 	.state_free = url_free,
 	.begin_sql = "BEGIN",
+	.begin = drv_begin,
+	.defer = drv_defer,
 	.version_sql = "SELECT to_regclass('idem_schema_version') IS NOT NULL",
 	.purge_sql = idem__purge_sql,
 };
@@ -882,23 +1145,30 @@ static int business(idem_txn *txn, const char *sql, const idem_value *params, in
 	conn *c = conn_of(txn);
 	int rc;
 
-	if ((rc = simple(c, "SAVEPOINT idem_stmt", "savepoint")) < 0)
+	if ((rc = defer_text(c, "SAVEPOINT idem_stmt", "savepoint")) < 0)
 		return rc;
 	rc = run(c, sql, params, n, fn, ctx, changes, CTX_BUSINESS);
 	if (c->base.broken)
 		return rc;
 	if (rc < 0) {
-		/* Keep the statement's error as the one reported. */
-		PGresult *res = exec_text(c, "ROLLBACK TO SAVEPOINT idem_stmt;"
-					      " RELEASE SAVEPOINT idem_stmt");
+		/* Keep the statement's error as the one reported. In pipeline mode
+		 * one statement per message: RELEASE queued behind ROLLBACK TO. */
+		PGresult *res;
 
+		if (c->piped && defer_text(c, "ROLLBACK TO SAVEPOINT idem_stmt", "rollback to") < 0) {
+			c->base.broken = 1;
+			return rc;
+		}
+		res = exec_text(c, c->piped ? "RELEASE SAVEPOINT idem_stmt"
+					    : "ROLLBACK TO SAVEPOINT idem_stmt;"
+					      " RELEASE SAVEPOINT idem_stmt");
 		if (PQresultStatus(res) != PGRES_COMMAND_OK)
 			c->base.broken = 1;
 		PQclear(res);
 		return rc;
 	}
 	{
-		int rrc = simple(c, "RELEASE SAVEPOINT idem_stmt", "release");
+		int rrc = defer_text(c, "RELEASE SAVEPOINT idem_stmt", "release");
 
 		return rrc < 0 ? rrc : rc;
 	}
@@ -910,6 +1180,36 @@ static int pg_txn_try_exec(idem_txn *txn, const char *sql, const idem_value *par
 	return business(txn, sql, params, n, NULL, NULL, changes);
 }
 
+
+/*
+ * The completion of a record this transaction claimed, queued: it cannot
+ * miss (the claim holds the row), and should it all the same, "1 / count(*)"
+ * of no row raises division_by_zero, which the next answer read reports as
+ * IDEM_ELEASE and which keeps COMMIT from running.
+ */
+static int pg_rec_complete_held(idem_txn *txn, int64_t id, const char *owner, idem__status st,
+				int http_status, const unsigned char *body, size_t len,
+				int64_t now)
+{
+	static const char sql[] =
+		"WITH done AS (UPDATE idem_records SET version = version + 1, status = ?,"
+		" http_status = ?, response = ?, owner = NULL, lease_until = NULL,"
+		" completed_at = ? WHERE id = ? AND owner = ? AND status = 'PROCESSING'"
+		" RETURNING 1) SELECT 1 / count(*) FROM done";
+	idem_value p[6] = {IDEM_V_TEXT(idem__status_name(st)), IDEM_V_INT(http_status),
+			   IDEM_V_BLOB(body, len),		 IDEM_V_INT(now),
+			   IDEM_V_INT(id),			 IDEM_V_TEXT(owner)};
+	conn *c = conn_of(txn);
+
+	if (!c->piped) {
+		int changed = 0, rc = idem__rec_complete(txn, id, owner, st, http_status, body, len,
+							 now, &changed);
+
+		return rc == 0 && !changed ? idem__error(IDEM_ELEASE, "the claim's lease was taken over")
+					   : rc;
+	}
+	return defer_run(c, sql, p, 6, DEF_COMPLETE, "completion");
+}
 
 const idem__backend_ops idem__postgres_ops = {
 	.version = IDEM__BACKEND_OPS_VERSION,
@@ -936,4 +1236,5 @@ const idem__backend_ops idem__postgres_ops = {
 	.txn_try_exec = pg_txn_try_exec,
 	.txn_query = idem__net_txn_query,
 	.read_query = idem__net_read_query,
+	.rec_complete_held = pg_rec_complete_held,
 };
