@@ -1,7 +1,6 @@
 /*
  * tests/fuzz/fuzz_store_url.c: store URL parsing. The mysql:// parser
- * (src/store/mariadb.c url_parse, static there: the file is compiled into
- * this target under other external names) on any bytes; idem_store_open on
+ * (src/store/mariadb_url.c, idem__my_url_parse) on any bytes; idem_store_open on
  * every URL it must refuse without connecting: an unknown scheme, sqlite:
  * with no path or a URI, a postgresql: URL libpq cannot parse.
  */
@@ -11,11 +10,7 @@
 
 #include "fuzz_env.h"
 
-#define idem__mariadb_ops     fuzz_mariadb_ops_copy
-#define idem__mariadb_connect fuzz_mariadb_connect_copy
-#include "store/mariadb.c"
-#undef idem__mariadb_ops
-#undef idem__mariadb_connect
+#include "store/mariadb_int.h"
 
 static int starts(const char *s, const char *prefix)
 {
@@ -26,7 +21,7 @@ static void check_mysql(const char *t)
 {
 	my_url u;
 
-	if (url_parse(&u, t) < 0) {
+	if (idem__my_url_parse(&u, t) < 0) {
 		if (u.user || u.password || u.host || u.db || u.socket)
 			fuzz_fail("failed URL parse left parts behind");
 		return;
@@ -37,7 +32,7 @@ static void check_mysql(const char *t)
 		fuzz_fail("mysql URL accepted without host or socket");
 	if (u.port > 65535)
 		fuzz_fail("port out of range");
-	url_clear(&u);
+	idem__my_url_clear(&u);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
