@@ -24,6 +24,8 @@ FORMATTED=(
   src/store/schema_postgres.c src/store/schema_mariadb.c
   tests/core/test_engine.c tests/core/test_init_fail.c tests/store/test_netdb.c
   src/pay/channel.h src/pay/chanclient.c src/pay/chanpool.c src/pay/chanpay.c src/pay/sweeper.c
+  src/store/mariadb.c src/store/mariadb_int.h src/store/mariadb_io.c src/store/mariadb_stmt.c
+  src/store/mariadb_url.c tests/store/test_upgrade.c
 )
 
 if command -v clang-format >/dev/null 2>&1; then

@@ -29,17 +29,17 @@
  * This file must never print or read the environment, and never puts the
  * URL (it may hold a password) into an error message.
  */
-#include <mysql.h>
-#include <mysqld_error.h>
 #include <errmsg.h>
 #include <errno.h>
+#include <mysql.h>
+#include <mysqld_error.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
-#include <sys/socket.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 
 #include "store/mariadb.h"
 #include "store/mariadb_int.h"
@@ -47,7 +47,6 @@
 #include "store/schema.h"
 #include "util/clock.h"
 #include "util/error.h"
-
 
 static pthread_once_t library_once = PTHREAD_ONCE_INIT;
 static int library_rc;
@@ -119,7 +118,7 @@ static int is_ddl(const char *sql)
 
 /* InnoDB rolls back only the failed statement: no savepoint per statement. */
 static int drv_run(idem__netconn *nc, const char *sql, const idem_value *params, int n,
-		   idem_row_fn fn, void *ctx, int64_t *changes)
+                   idem_row_fn fn, void *ctx, int64_t *changes)
 {
 	conn *c = (conn *)(void *)nc;
 	int rc;
@@ -128,7 +127,8 @@ static int drv_run(idem__netconn *nc, const char *sql, const idem_value *params,
 	 * follows runs in autocommit, as MariaDB has it: that needs READ WRITE
 	 * outside transactions, so this session is dropped after the unit. */
 	if (c->in_unit && is_ddl(sql)) {
-		if ((rc = idem__my_simple(c, "SET SESSION TRANSACTION READ WRITE", "session setup")) < 0)
+		if ((rc = idem__my_simple(c, "SET SESSION TRANSACTION READ WRITE",
+		                          "session setup")) < 0)
 			return rc;
 		c->in_unit = 0;
 		c->read_write = 1;
@@ -175,9 +175,9 @@ static int drv_savepoint_failed(idem__netconn *nc, const char *verb, int rc)
 	conn *c = (conn *)(void *)nc;
 
 	if (c->my && !c->base.broken && mysql_errno(c->my) == ER_SP_DOES_NOT_EXIST)
-		return idem__error_driver(IDEM_ERETRY, ER_SP_DOES_NOT_EXIST, mysql_sqlstate(c->my),
-					  "mariadb: %s: transaction rolled back under it (errno 1305)",
-					  verb);
+		return idem__error_driver(
+		    IDEM_ERETRY, ER_SP_DOES_NOT_EXIST, mysql_sqlstate(c->my),
+		    "mariadb: %s: transaction rolled back under it (errno 1305)", verb);
 	return rc;
 }
 
@@ -188,21 +188,21 @@ static void url_free(void *state)
 }
 
 static const idem__netdb_driver my_driver = {
-	.ops = &idem__mariadb_ops,
-	.conn_size = sizeof(conn),
-	.connect = drv_connect,
-	.disconnect = drv_disconnect,
-	.in_transaction = drv_in_transaction,
-	.simple = drv_simple,
-	.run = drv_run,
-	.commit = drv_commit,
-	.rollback = drv_rollback,
-	.savepoint_failed = drv_savepoint_failed,
-	.state_free = url_free,
-	.begin_sql = "START TRANSACTION READ WRITE",
-	.version_sql = "SELECT count(*) FROM information_schema.tables"
-		       " WHERE table_schema = DATABASE() AND table_name = 'idem_schema_version'",
-	.purge_sql = idem__my_purge_sql,
+    .ops = &idem__mariadb_ops,
+    .conn_size = sizeof(conn),
+    .connect = drv_connect,
+    .disconnect = drv_disconnect,
+    .in_transaction = drv_in_transaction,
+    .simple = drv_simple,
+    .run = drv_run,
+    .commit = drv_commit,
+    .rollback = drv_rollback,
+    .savepoint_failed = drv_savepoint_failed,
+    .state_free = url_free,
+    .begin_sql = "START TRANSACTION READ WRITE",
+    .version_sql = "SELECT count(*) FROM information_schema.tables"
+                   " WHERE table_schema = DATABASE() AND table_name = 'idem_schema_version'",
+    .purge_sql = idem__my_purge_sql,
 };
 
 /* ---- schema ---------------------------------------------------------- */
@@ -227,24 +227,25 @@ static int my_migrate(idem__backend *be, int *version_out)
 		goto out;
 	/* GET_LOCK serialises migrating processes; it is released when the
 	 * connection ends too, so a crashed migrator never blocks the next. */
-	if ((rc = idem__my_run(c, "SELECT GET_LOCK(" MIGRATE_LOCK ", 60)", NULL, 0, idem_row_int, &got, NULL,
-		      NULL, CTX_PLAIN)) < 0)
+	if ((rc = idem__my_run(c, "SELECT GET_LOCK(" MIGRATE_LOCK ", 60)", NULL, 0, idem_row_int,
+	                       &got, NULL, NULL, CTX_PLAIN)) < 0)
 		goto out;
 	if (got != 1) {
 		rc = idem__error(IDEM_ERETRY, "mariadb: timed out waiting for the migration lock");
 		goto out;
 	}
 	locked = 1;
-	if ((rc = idem__my_simple(c, "CREATE TABLE IF NOT EXISTS idem_schema_version ("
-			    " version INT NOT NULL PRIMARY KEY, applied_at BIGINT NOT NULL)"
-			    " ENGINE=InnoDB",
-			 "schema table")) < 0 ||
+	if ((rc = idem__my_simple(c,
+	                          "CREATE TABLE IF NOT EXISTS idem_schema_version ("
+	                          " version INT NOT NULL PRIMARY KEY, applied_at BIGINT NOT NULL)"
+	                          " ENGINE=InnoDB",
+	                          "schema table")) < 0 ||
 	    (rc = idem__net_version_in(be, nc, &cur)) < 0)
 		goto out;
 	if (cur > IDEM__MY_SCHEMA_LATEST) {
 		rc = idem__error(IDEM_ESCHEMA,
-				 "database schema version %d is newer than this library's %d", cur,
-				 IDEM__MY_SCHEMA_LATEST);
+		                 "database schema version %d is newer than this library's %d", cur,
+		                 IDEM__MY_SCHEMA_LATEST);
 		goto out;
 	}
 	for (int v = cur + 1; v <= IDEM__MY_SCHEMA_LATEST; v++) {
@@ -253,8 +254,9 @@ static int my_migrate(idem__backend *be, int *version_out)
 		for (const char *const *s = idem__my_migrations[v - 1]; *s; s++)
 			if ((rc = idem__my_simple(c, *s, "migration")) < 0)
 				goto out;
-		if ((rc = idem__my_run(c, "INSERT INTO idem_schema_version (version, applied_at) VALUES (?, ?)",
-			      p, 2, NULL, NULL, NULL, NULL, CTX_PLAIN)) < 0)
+		if ((rc = idem__my_run(
+		         c, "INSERT INTO idem_schema_version (version, applied_at) VALUES (?, ?)",
+		         p, 2, NULL, NULL, NULL, NULL, CTX_PLAIN)) < 0)
 			goto out;
 		cur = v;
 	}
@@ -272,7 +274,7 @@ out:
 /* ---- open ------------------------------------------------------------ */
 
 static int my_open(idem__backend **out, idem_store *store, const char *target,
-		   const idem_store_opts *opts)
+                   const idem_store_opts *opts)
 {
 	my_url *u;
 	int rc;
@@ -327,19 +329,19 @@ MYSQL *idem__mariadb_connect(const char *url)
 static int my_rec_insert(idem_txn *txn, const idem__key *k, idem__record *rec)
 {
 	static const char sql[] =
-		"INSERT INTO idem_records (scope, business_type, idem_key, version, status,"
-		" fingerprint, owner, lease_until, created_at, expires_at)"
-		" VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+	    "INSERT INTO idem_records (scope, business_type, idem_key, version, status,"
+	    " fingerprint, owner, lease_until, created_at, expires_at)"
+	    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 	idem_value p[10] = {IDEM_V_TEXTN(k->scope, k->scope_len),
-			    IDEM_V_TEXTN(k->type, k->type_len),
-			    IDEM_V_TEXTN(k->key, k->key_len),
-			    IDEM_V_INT(rec->version),
-			    IDEM_V_TEXT(idem__status_name(rec->status)),
-			    IDEM_V_TEXT(rec->fingerprint),
-			    IDEM_V_TEXT(rec->owner),
-			    IDEM_V_INT(rec->lease_until),
-			    IDEM_V_INT(rec->created_at),
-			    IDEM_V_INT(rec->expires_at)};
+	                    IDEM_V_TEXTN(k->type, k->type_len),
+	                    IDEM_V_TEXTN(k->key, k->key_len),
+	                    IDEM_V_INT(rec->version),
+	                    IDEM_V_TEXT(idem__status_name(rec->status)),
+	                    IDEM_V_TEXT(rec->fingerprint),
+	                    IDEM_V_TEXT(rec->owner),
+	                    IDEM_V_INT(rec->lease_until),
+	                    IDEM_V_INT(rec->created_at),
+	                    IDEM_V_INT(rec->expires_at)};
 	int64_t id = 0;
 	int rc = idem__my_run(conn_of(txn), sql, p, 10, NULL, NULL, NULL, &id, CTX_CLAIM);
 
@@ -351,27 +353,27 @@ static int my_rec_insert(idem_txn *txn, const idem__key *k, idem__record *rec)
 }
 
 const idem__backend_ops idem__mariadb_ops = {
-	.version = IDEM__BACKEND_OPS_VERSION,
-	.name = "mariadb",
-	.open = my_open,
-	.close = idem__net_close,
-	.migrate = my_migrate,
-	.schema_version = idem__net_schema_version,
-	.schema_latest = IDEM__MY_SCHEMA_LATEST,
-	.ping = idem__net_ping,
-	.txn_begin = idem__net_txn_begin,
-	.txn_commit = idem__net_txn_commit,
-	.txn_rollback = idem__net_txn_rollback,
-	.savepoint = idem__net_savepoint,
-	.release = idem__net_release,
-	.rollback_to = idem__net_rollback_to,
-	.rec_insert = my_rec_insert,
-	.rec_takeover = idem__rec_takeover,
-	.rec_complete = idem__rec_complete,
-	.rec_extend = idem__rec_extend,
-	.rec_delete_owned = idem__rec_delete_owned,
-	.purge_batch = idem__net_purge_batch,
-	.txn_exec = idem__net_txn_exec,
-	.txn_query = idem__net_txn_query,
-	.read_query = idem__net_read_query,
+    .version = IDEM__BACKEND_OPS_VERSION,
+    .name = "mariadb",
+    .open = my_open,
+    .close = idem__net_close,
+    .migrate = my_migrate,
+    .schema_version = idem__net_schema_version,
+    .schema_latest = IDEM__MY_SCHEMA_LATEST,
+    .ping = idem__net_ping,
+    .txn_begin = idem__net_txn_begin,
+    .txn_commit = idem__net_txn_commit,
+    .txn_rollback = idem__net_txn_rollback,
+    .savepoint = idem__net_savepoint,
+    .release = idem__net_release,
+    .rollback_to = idem__net_rollback_to,
+    .rec_insert = my_rec_insert,
+    .rec_takeover = idem__rec_takeover,
+    .rec_complete = idem__rec_complete,
+    .rec_extend = idem__rec_extend,
+    .rec_delete_owned = idem__rec_delete_owned,
+    .purge_batch = idem__net_purge_batch,
+    .txn_exec = idem__net_txn_exec,
+    .txn_query = idem__net_txn_query,
+    .read_query = idem__net_read_query,
 };

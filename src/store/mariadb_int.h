@@ -18,7 +18,7 @@
 #include "store/netdb.h"
 
 #define STMT_CACHE 64
-#define MAX_COLS 32
+#define MAX_COLS   32
 /* How much longer than a lock wait any call may wait for the server. */
 #define IO_MARGIN_S 10
 /* The longest a connect may take, deadline or not. */
@@ -71,15 +71,15 @@ void idem__my_arm(conn *c, int bound_ms);
 int idem__my_wait_io(conn *c, int status);
 /* Run a _start/_cont pair to its end or the call's bound (ret keeps its
  * failure value then). */
-#define NB_RUN(c, ret, start, cont, obj)                                   \
-	do {                                                               \
-		int st_ = (start);                                         \
-		while (st_) {                                              \
-			int ev_ = idem__my_wait_io((c), st_);              \
-			if (!ev_)                                          \
-				break;                                     \
-			st_ = cont(&(ret), (obj), ev_);                    \
-		}                                                          \
+#define NB_RUN(c, ret, start, cont, obj)                                                           \
+	do {                                                                                       \
+		int st_ = (start);                                                                 \
+		while (st_) {                                                                      \
+			int ev_ = idem__my_wait_io((c), st_);                                      \
+			if (!ev_)                                                                  \
+				break;                                                             \
+			st_ = cont(&(ret), (obj), ev_);                                            \
+		}                                                                                  \
 	} while (0)
 /* The blocking calls of Connector/C, bounded: nonzero / NULL on failure. */
 int idem__my_nb_query(conn *c, const char *sql, unsigned long len);
@@ -99,7 +99,7 @@ void idem__my_conn_close(conn *c);
  * classification and cleanup.
  */
 int idem__my_run(conn *c, const char *sql, const idem_value *params, int n, idem_row_fn fn,
-		 void *ctx, int64_t *changes, int64_t *insert_id, err_ctx ectx);
+                 void *ctx, int64_t *changes, int64_t *insert_id, err_ctx ectx);
 /* A statement without parameters or rows, over the text protocol. */
 int idem__my_simple(conn *c, const char *sql, const char *what);
 /* The server's status flags say a transaction is open on c. */

@@ -35,33 +35,31 @@ static int on_idem_index(const char *msg)
 
 /* Map a MariaDB error to an idem code; records errno and SQLSTATE. */
 static int classify(conn *c, unsigned int err, const char *state, const char *msg, err_ctx ctx,
-		    const char *what)
+                    const char *what)
 {
 	int code;
 
 	if (c->lost)
 		return idem__error_driver(strcmp(what, "commit") == 0 ? IDEM_EUNAVAIL : IDEM_ERETRY,
-					  ER_LOCK_DEADLOCK, "40001",
-					  "mariadb: %s: the server dropped the statement of a "
-					  "transaction it had rolled back (a Galera brute-force "
-					  "abort); connection dropped",
-					  what);
+		                          ER_LOCK_DEADLOCK, "40001",
+		                          "mariadb: %s: the server dropped the statement of a "
+		                          "transaction it had rolled back (a Galera brute-force "
+		                          "abort); connection dropped",
+		                          what);
 	if (c->base.timed_out)
 		return idem__error_driver(IDEM_EUNAVAIL, CR_SERVER_LOST, "HY000",
-					  "mariadb: %s: the server did not answer before the "
-					  "deadline; connection dropped",
-					  what);
+		                          "mariadb: %s: the server did not answer before the "
+		                          "deadline; connection dropped",
+		                          what);
 	switch (err) {
-	case ER_DUP_ENTRY:             /* 1062 */
+	case ER_DUP_ENTRY:               /* 1062 */
 	case ER_DUP_ENTRY_WITH_KEY_NAME: /* 1586 */
 		if (ctx == CTX_CLAIM && on_idem_index(msg))
 			return IDEM__DUPLICATE;
 		code = ctx == CTX_BUSINESS ? IDEM_ECONFLICT : IDEM_ESTORE;
 		break;
-	case ER_LOCK_DEADLOCK:      /* 1213: the transaction was rolled back (also Galera) */
-	case ER_LOCK_WAIT_TIMEOUT:  /* 1205 */
-		code = IDEM_ERETRY;
-		break;
+	case ER_LOCK_DEADLOCK: /* 1213: the transaction was rolled back (also Galera) */
+	case ER_LOCK_WAIT_TIMEOUT: /* 1205 */ code = IDEM_ERETRY; break;
 	case ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION: /* 1792 */
 		/* A pooled session is READ ONLY outside START TRANSACTION READ WRITE
 		 * (drv_connect): a write refused so ran after the unit's transaction
@@ -69,14 +67,14 @@ static int classify(conn *c, unsigned int err, const char *state, const char *ms
 		c->base.broken = 1;
 		code = IDEM_ERETRY;
 		break;
-	case ER_BAD_NULL_ERROR:           /* 1048 */
-	case ER_NO_DEFAULT_FOR_FIELD:     /* 1364 */
-	case ER_NO_REFERENCED_ROW_2:      /* 1452 */
-	case ER_ROW_IS_REFERENCED_2:      /* 1451 */
-	case ER_NO_REFERENCED_ROW:        /* 1216 */
-	case ER_ROW_IS_REFERENCED:        /* 1217 */
-	case 3819:                        /* MySQL's CHECK violation */
-	case 4025:                        /* MariaDB's CHECK violation: ER_CONSTRAINT_FAILED */
+	case ER_BAD_NULL_ERROR:       /* 1048 */
+	case ER_NO_DEFAULT_FOR_FIELD: /* 1364 */
+	case ER_NO_REFERENCED_ROW_2:  /* 1452 */
+	case ER_ROW_IS_REFERENCED_2:  /* 1451 */
+	case ER_NO_REFERENCED_ROW:    /* 1216 */
+	case ER_ROW_IS_REFERENCED:    /* 1217 */
+	case 3819:                    /* MySQL's CHECK violation */
+	case 4025:                    /* MariaDB's CHECK violation: ER_CONSTRAINT_FAILED */
 		code = IDEM_ECONSTRAINT;
 		break;
 	case CR_CONNECTION_ERROR:     /* 2002 */
@@ -96,9 +94,7 @@ static int classify(conn *c, unsigned int err, const char *state, const char *ms
 		code = IDEM_EINVAL;
 		break;
 	case 1969: /* ER_STATEMENT_TIMEOUT: max_statement_time, the server's own bound */
-	case ER_CON_COUNT_ERROR: /* 1040: too many connections */
-		code = IDEM_EUNAVAIL;
-		break;
+	case ER_CON_COUNT_ERROR: /* 1040: too many connections */ code = IDEM_EUNAVAIL; break;
 	case CR_OUT_OF_MEMORY: /* 2008 */
 		c->base.broken = 1;
 		code = IDEM_ENOMEM;
@@ -111,19 +107,19 @@ static int classify(conn *c, unsigned int err, const char *state, const char *ms
 		break;
 	}
 	return idem__error_driver(code, (int)err, state, "mariadb: %s: %s (errno %u)", what, msg,
-				  err);
+	                          err);
 }
 
 int idem__my_fail_conn(conn *c, err_ctx ctx, const char *what)
 {
 	return classify(c, mysql_errno(c->my), mysql_sqlstate(c->my), mysql_error(c->my), ctx,
-			what);
+	                what);
 }
 
 int idem__my_fail_stmt(conn *c, MYSQL_STMT *st, err_ctx ctx, const char *what)
 {
 	return classify(c, mysql_stmt_errno(st), mysql_stmt_sqlstate(st), mysql_stmt_error(st), ctx,
-			what);
+	                what);
 }
 
 /* ---- waiting for the server ----------------------------------------- */
@@ -134,7 +130,8 @@ void idem__my_arm(conn *c, int bound_ms)
 
 	c->call_start_us = now;
 	c->lost = 0;
-	c->call_until_us = c->base.deadline_us > 0 && c->base.deadline_us < until ? c->base.deadline_us : until;
+	c->call_until_us =
+	    c->base.deadline_us > 0 && c->base.deadline_us < until ? c->base.deadline_us : until;
 }
 
 /*
@@ -154,8 +151,8 @@ int idem__my_wait_io(conn *c, int status)
 	if (status & MYSQL_WAIT_EXCEPT)
 		pfd.events |= POLLPRI;
 	if (status & MYSQL_WAIT_TIMEOUT)
-		lib_until = idem__clock_monotonic_us() +
-			    (int64_t)mysql_get_timeout_value_ms(c->my) * 1000;
+		lib_until =
+		    idem__clock_monotonic_us() + (int64_t)mysql_get_timeout_value_ms(c->my) * 1000;
 	/* A unit's statement waiting for its answer is checked on now and then
 	 * (lost_statement says why). */
 	if (c->in_unit && (status & MYSQL_WAIT_READ) && c->call_start_us > 0)
@@ -278,7 +275,7 @@ int idem__my_conn_open(idem__backend *be, conn *c)
 	const my_url *u = be->state;
 	int wait_s = (be->opts.busy_timeout_ms + 999) / 1000;
 	unsigned int connect_timeout = CONNECT_TIMEOUT_S,
-		     io_timeout = (unsigned int)wait_s + IO_MARGIN_S;
+	             io_timeout = (unsigned int)wait_s + IO_MARGIN_S;
 	my_bool reconnect = 0;
 	MYSQL *ok = NULL;
 	char setup[320];
@@ -301,17 +298,18 @@ int idem__my_conn_open(idem__backend *be, conn *c)
 	 * and PostgreSQL do, even when it set a column to the value it had. */
 	idem__my_arm(c, CONNECT_TIMEOUT_S * 1000);
 	NB_RUN(c, ok,
-	       mysql_real_connect_start(&ok, c->my, *u->host ? u->host : NULL, u->user,
-					u->password, u->db, u->port, u->socket, CLIENT_FOUND_ROWS),
+	       mysql_real_connect_start(&ok, c->my, *u->host ? u->host : NULL, u->user, u->password,
+	                                u->db, u->port, u->socket, CLIENT_FOUND_ROWS),
 	       mysql_real_connect_cont, c->my);
 	if (!ok || c->base.timed_out) {
 		if (c->base.timed_out)
 			rc = idem__error(IDEM_EUNAVAIL, "mariadb: connect: no answer from the "
-							"server before the deadline");
+			                                "server before the deadline");
 		else
 			rc = idem__error_driver(IDEM_EUNAVAIL, (int)mysql_errno(c->my),
-						mysql_sqlstate(c->my), "mariadb: connect: %s (errno %u)",
-						mysql_error(c->my), mysql_errno(c->my));
+			                        mysql_sqlstate(c->my),
+			                        "mariadb: connect: %s (errno %u)",
+			                        mysql_error(c->my), mysql_errno(c->my));
 		idem__my_conn_close(c);
 		return rc;
 	}
@@ -323,14 +321,14 @@ int idem__my_conn_open(idem__backend *be, conn *c)
 	 * not block that merchant's writes for keepalive's hours (postgres.c
 	 * says more). */
 	snprintf(setup, sizeof(setup),
-		 "SET SESSION sql_mode = 'STRICT_ALL_TABLES,STRICT_TRANS_TABLES,"
-		 "ERROR_FOR_DIVISION_BY_ZERO,NO_AUTO_CREATE_USER,NO_ENGINE_SUBSTITUTION,"
-		 "SIMULTANEOUS_ASSIGNMENT',"
-		 " innodb_lock_wait_timeout = %d, default_storage_engine = InnoDB,"
-		 " idle_transaction_timeout = 30",
-		 wait_s > 0 ? wait_s : 1);
+	         "SET SESSION sql_mode = 'STRICT_ALL_TABLES,STRICT_TRANS_TABLES,"
+	         "ERROR_FOR_DIVISION_BY_ZERO,NO_AUTO_CREATE_USER,NO_ENGINE_SUBSTITUTION,"
+	         "SIMULTANEOUS_ASSIGNMENT',"
+	         " innodb_lock_wait_timeout = %d, default_storage_engine = InnoDB,"
+	         " idle_transaction_timeout = 30",
+	         wait_s > 0 ? wait_s : 1);
 	if ((rc = idem__my_simple(c, "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
-			 "session setup")) < 0 ||
+	                          "session setup")) < 0 ||
 	    (rc = idem__my_simple(c, setup, "session setup")) < 0) {
 		idem__my_conn_close(c);
 		return rc;

@@ -166,7 +166,7 @@ static int fetch_rows(conn *c, MYSQL_STMT *st, results *r, idem_row_fn fn, void 
 			else if (r->kind[i] == K_DOUBLE)
 				cols[i] = IDEM_V_INT((int64_t)r->dbls[i]);
 			else if (r->kind[i] == K_DECIMAL &&
-				 idem__parse_int64(r->bufs[i], r->lens[i], &n) == 0)
+			         idem__parse_int64(r->bufs[i], r->lens[i], &n) == 0)
 				/* SUM() of integers is DECIMAL here, an integer elsewhere. */
 				cols[i] = IDEM_V_INT(n);
 			else if (r->kind[i] == K_BLOB)
@@ -195,7 +195,7 @@ done:
  * classification and cleanup.
  */
 int idem__my_run(conn *c, const char *sql, const idem_value *params, int n, idem_row_fn fn,
-	       void *ctx, int64_t *changes, int64_t *insert_id, err_ctx ectx)
+                 void *ctx, int64_t *changes, int64_t *insert_id, err_ctx ectx)
 {
 	MYSQL_STMT *st = NULL;
 	MYSQL_BIND *pb = NULL;
@@ -210,7 +210,7 @@ int idem__my_run(conn *c, const char *sql, const idem_value *params, int n, idem
 		return rc;
 	if ((int)mysql_stmt_param_count(st) != n) {
 		rc = idem__error(IDEM_EINVAL, "statement takes %lu parameters, %d given",
-				 mysql_stmt_param_count(st), n);
+		                 mysql_stmt_param_count(st), n);
 		goto done;
 	}
 	if (n > 0) {
@@ -232,9 +232,10 @@ int idem__my_run(conn *c, const char *sql, const idem_value *params, int n, idem
 				break;
 			case IDEM_VAL_TEXT:
 			case IDEM_VAL_BLOB:
-				pb[i].buffer_type = v->type == IDEM_VAL_TEXT ? MYSQL_TYPE_STRING
-									     : MYSQL_TYPE_BLOB;
-				/* The driver only reads the buffer; never NULL (that is SQL NULL). */
+				pb[i].buffer_type =
+				    v->type == IDEM_VAL_TEXT ? MYSQL_TYPE_STRING : MYSQL_TYPE_BLOB;
+				/* The driver only reads the buffer; never NULL (that is SQL NULL).
+				 */
 				pb[i].buffer = (void *)(v->p ? v->p : "");
 				lens[i] = (unsigned long)v->len;
 				pb[i].buffer_length = lens[i];
@@ -327,9 +328,9 @@ int idem__my_unit_gone(conn *c, const char *what)
 	c->base.broken = 1;
 	c->in_unit = 0;
 	return idem__error_driver(IDEM_ERETRY, ER_LOCK_DEADLOCK, "40001",
-				  "mariadb: %s: the transaction was rolled back under it (a "
-				  "Galera brute-force abort); connection dropped",
-				  what);
+	                          "mariadb: %s: the transaction was rolled back under it (a "
+	                          "Galera brute-force abort); connection dropped",
+	                          what);
 }
 
 static int row_int(void *ctx, const idem_value *cols, int n)
@@ -353,8 +354,8 @@ static int row_int(void *ctx, const idem_value *cols, int n)
 int idem__my_lost_statement(conn *c, int64_t waited_ms)
 {
 	static const char sql[] =
-		"SELECT CASE WHEN command IN ('Sleep', 'Killed') AND time_ms >= ? THEN 1 ELSE 0 END"
-		" FROM information_schema.processlist WHERE id = ?";
+	    "SELECT CASE WHEN command IN ('Sleep', 'Killed') AND time_ms >= ? THEN 1 ELSE 0 END"
+	    " FROM information_schema.processlist WHERE id = ?";
 	idem__backend *be = c->base.txn.be;
 	idem__netconn *pc = NULL;
 	int64_t idle = 0;
@@ -363,14 +364,15 @@ int idem__my_lost_statement(conn *c, int64_t waited_ms)
 	if (!be || c->base.pool == &be->ppool || !c->my)
 		return 0;
 	if (idem__net_take(be, IDEM__NET_PING,
-			   idem__clock_monotonic_us() + (int64_t)IDEM__NET_PING_MS * 1000, &pc,
-			   &fresh) < 0)
+	                   idem__clock_monotonic_us() + (int64_t)IDEM__NET_PING_MS * 1000, &pc,
+	                   &fresh) < 0)
 		return 0;
 	{
 		idem_value p[2] = {IDEM_V_INT(waited_ms > 200 ? waited_ms - 200 : 0),
-				   IDEM_V_INT((int64_t)mysql_thread_id(c->my))};
+		                   IDEM_V_INT((int64_t)mysql_thread_id(c->my))};
 
-		if (idem__my_run((conn *)(void *)pc, sql, p, 2, row_int, &idle, NULL, NULL, CTX_PLAIN) < 0)
+		if (idem__my_run((conn *)(void *)pc, sql, p, 2, row_int, &idle, NULL, NULL,
+		                 CTX_PLAIN) < 0)
 			idle = 0;
 	}
 	idem__net_give(be, pc);

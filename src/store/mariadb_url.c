@@ -137,7 +137,8 @@ int idem__my_url_parse(my_url *u, const char *t)
 		u->port = (unsigned int)port;
 	}
 	path_end = auth_end + 1 + strcspn(auth_end + 1, "?#");
-	if (path_end == auth_end + 1 || memchr(auth_end + 1, '/', (size_t)(path_end - auth_end - 1)))
+	if (path_end == auth_end + 1 ||
+	    memchr(auth_end + 1, '/', (size_t)(path_end - auth_end - 1)))
 		goto bad;
 	if ((rc = decode(auth_end + 1, (size_t)(path_end - auth_end - 1), &u->db)) < 0)
 		goto done;
@@ -159,7 +160,7 @@ int idem__my_url_parse(my_url *u, const char *t)
 	goto done;
 bad:
 	rc = idem__error(IDEM_EINVAL, "mariadb URL must look like mysql://user[:password]@host"
-				      "[:port]/db[?socket=PATH]");
+	                              "[:port]/db[?socket=PATH]");
 done:
 	if (rc < 0)
 		idem__my_url_clear(u);
