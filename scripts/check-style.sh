@@ -25,7 +25,8 @@ FORMATTED=(
   tests/core/test_engine.c tests/core/test_init_fail.c tests/store/test_netdb.c
   src/pay/channel.h src/pay/chanclient.c src/pay/chanpool.c src/pay/chanpay.c src/pay/sweeper.c
   src/store/mariadb.c src/store/mariadb_int.h src/store/mariadb_io.c src/store/mariadb_stmt.c
-  src/store/mariadb_url.c tests/store/test_upgrade.c
+  src/store/mariadb_url.c tests/store/test_upgrade.c src/store/postgres_int.h src/store/postgres_sql.c
+  src/store/postgres.c
 )
 
 if command -v clang-format >/dev/null 2>&1; then

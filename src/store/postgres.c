@@ -2,8 +2,9 @@
  * store/postgres.c: the PostgreSQL dialect driver, on libpq, behind the
  * shared server-backend core (netdb.c: pools, deadlines, stale-connection
  * retries, transaction framing, savepoints, schema version, purge). Here:
- * connecting, error classification, statement text, parameters and result
- * conversion, the claim INSERT, migrations under an advisory lock.
+ * connecting, talking to the server, the claim INSERT, migrations under an
+ * advisory lock; error classification, statement text, parameters and
+ * result conversion are in postgres_sql.c (postgres_int.h between them).
  *
  * Statements are prepared once per connection, keyed by their SQL text; the
  * generic `?` placeholders are rewritten to $1..$n on the way. Every session
@@ -46,374 +47,10 @@
 #include <string.h>
 
 #include "store/netdb.h"
+#include "store/postgres_int.h"
 #include "store/schema.h"
 #include "util/clock.h"
 #include "util/error.h"
-
-/* See the session setup: the server ends a transaction idle this long. */
-#define IDLE_TXN_TIMEOUT_MS_STR "30000"
-#define STMT_CACHE 64
-#define MAX_COLS 32
-#define SQL_MAX (1 << 20)
-/* How much longer than a lock wait any call may wait for the server. */
-#define IO_MARGIN_MS 10000
-/* The longest a connect may take, deadline or not (libpq's connect_timeout). */
-#define CONNECT_TIMEOUT_MS 10000
-
-/* Key of the advisory lock that serialises migrations (per database). */
-#define MIGRATE_LOCK_KEY "7589122023311"
-
-#define OID_BOOL 16
-#define OID_BYTEA 17
-#define OID_INT8 20
-#define OID_INT2 21
-#define OID_INT4 23
-#define OID_OID 26
-#define OID_NUMERIC 1700
-
-/* Statements queued without waiting between two statements that wait. */
-#define MAX_DEFERRED 16
-
-typedef struct conn conn;
-
-/* What a queued statement was: how its failure reads. */
-typedef enum { DEF_PLAIN = 1, DEF_COMPLETE = 2 } def_kind;
-
-/* A connection: the core's header first (netdb.h), then libpq's. */
-struct conn {
-	idem__netconn base;
-	PGconn *pg;
-	int io_timeout_ms;
-	int piped;     /* in pipeline mode: inside a write transaction */
-	int ndeferred; /* statements sent whose answers are not read yet */
-	struct {
-		def_kind kind;
-		const char *what; /* a literal */
-	} deferred[MAX_DEFERRED];
-	/* The last answer's error came from queued statement of this kind (0: none). */
-	def_kind failed_kind;
-	const char *failed_what;
-	int ncache;
-	struct {
-		char *sql; /* the caller's SQL text, before rewriting */
-		int nparams;
-	} cache[STMT_CACHE]; /* statement i is prepared as "idem_<i>" */
-};
-
-static conn *conn_of(idem_txn *txn)
-{
-	return (conn *)(void *)idem__net_conn_of(txn);
-}
-
-/* ---- errors ---------------------------------------------------------- */
-
-typedef enum { CTX_PLAIN, CTX_CLAIM, CTX_BUSINESS } err_ctx;
-
-static int is_state(const char *s, const char *want)
-{
-	return s && strcmp(s, want) == 0;
-}
-
-static int is_class(const char *s, const char *cls)
-{
-	return s && strncmp(s, cls, 2) == 0;
-}
-
-/*
- * Map a failed statement to an idem code and record the detail (SQLSTATE
- * kept in idem_error). res may be NULL when libpq produced no result at all.
- */
-static int fail(conn *c, const PGresult *res, err_ctx ctx, const char *what)
-{
-	const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
-	const char *cons = res ? PQresultErrorField(res, PG_DIAG_CONSTRAINT_NAME) : NULL;
-	const char *msg = res ? PQresultErrorMessage(res) : "";
-	def_kind queued = c->failed_kind;
-	int code, len;
-
-	c->failed_kind = 0;
-	if (res && queued) {
-		/* A queued statement failed: the one that waited did not run. */
-		ctx = CTX_PLAIN;
-		what = c->failed_what;
-		if (queued == DEF_COMPLETE && is_state(state, "22012"))
-			/* pg_rec_complete_held's "1 / count(*)": it matched no row. */
-			return idem__error(IDEM_ELEASE, "the claim's lease was taken over");
-	}
-
-	if (!res && c->base.timed_out)
-		msg = "the server did not answer before the deadline; connection dropped";
-	if (!msg || !*msg)
-		msg = c->pg ? PQerrorMessage(c->pg) : "no connection";
-	len = (int)strlen(msg);
-	while (len > 0 && (msg[len - 1] == '\n' || msg[len - 1] == ' '))
-		len--;
-	if (!c->pg || PQstatus(c->pg) == CONNECTION_BAD || !state) {
-		/* libpq's own failure (no SQLSTATE): the connection is gone or
-		 * out of step; never reuse it. */
-		c->base.broken = 1;
-		code = IDEM_EUNAVAIL;
-	} else if (is_state(state, "23505")) {
-		if (ctx == CTX_CLAIM && is_state(cons, "idem_records_key"))
-			return IDEM__DUPLICATE;
-		code = ctx == CTX_BUSINESS ? IDEM_ECONFLICT : IDEM_ESTORE;
-	} else if (is_class(state, "23")) {
-		code = IDEM_ECONSTRAINT;
-	} else if (is_state(state, "40001") || is_state(state, "40P01") ||
-		   is_state(state, "55P03")) {
-		code = IDEM_ERETRY;
-	} else if (is_class(state, "08") || is_state(state, "57P01") ||
-		   is_state(state, "57P02") || is_state(state, "57P03")) {
-		c->base.broken = 1;
-		code = IDEM_EUNAVAIL;
-	} else if (is_state(state, "57014")) {
-		code = IDEM_EUNAVAIL; /* statement_timeout: the server's own bound */
-	} else if (is_state(state, "53300")) {
-		code = IDEM_EUNAVAIL; /* too many connections */
-	} else if (is_state(state, "22003")) {
-		/* numeric_value_out_of_range: the request's values, not the store;
-		 * permanent, never "unavailable" (issue 16). */
-		code = IDEM_EINVAL;
-	} else if (is_state(state, "XX001") || is_state(state, "XX002")) {
-		code = IDEM_ECORRUPT;
-	} else {
-		code = IDEM_ESTORE;
-	}
-	return idem__error_driver(code, 0, state, "postgresql: %s: %.*s (SQLSTATE %s)", what, len,
-				  msg, state ? state : "none");
-}
-
-/* ---- SQL text -------------------------------------------------------- */
-
-/*
- * Rewrite the generic `?` placeholders to $1..$n, leaving alone anything in
- * a string literal ('..', E'..'), a quoted identifier, a comment or a
- * dollar-quoted string. *out is malloc'd; *nparams the number of `?`.
- */
-static int rewrite(const char *sql, char **out, int *nparams)
-{
-	size_t len = strlen(sql), o = 0, cap;
-	char *buf;
-	int n = 0;
-
-	*out = NULL;
-	if (len > SQL_MAX)
-		return idem__error(IDEM_EINVAL, "SQL text longer than %d bytes", SQL_MAX);
-	/* Each one-byte `?` becomes at most "$" and 7 digits. */
-	cap = len * 8 + 1;
-	if (!(buf = malloc(cap)))
-		return idem__error(IDEM_ENOMEM, "out of memory");
-	for (size_t i = 0; i < len;) {
-		char ch = sql[i];
-
-		if (ch == '?') {
-			o += (size_t)snprintf(buf + o, cap - o, "$%d", ++n);
-			i++;
-		} else if (ch == '\'' || ch == '"') {
-			/* E'...' strings take backslash escapes; doubling escapes in all. */
-			int esc = ch == '\'' && i > 0 && (sql[i - 1] == 'E' || sql[i - 1] == 'e');
-
-			buf[o++] = sql[i++];
-			while (i < len) {
-				if (esc && sql[i] == '\\' && i + 1 < len) {
-					buf[o++] = sql[i++];
-				} else if (sql[i] == ch) {
-					if (i + 1 < len && sql[i + 1] == ch) {
-						buf[o++] = sql[i++];
-					} else {
-						break;
-					}
-				}
-				buf[o++] = sql[i++];
-			}
-			if (i < len)
-				buf[o++] = sql[i++];
-		} else if (ch == '-' && i + 1 < len && sql[i + 1] == '-') {
-			while (i < len && sql[i] != '\n')
-				buf[o++] = sql[i++];
-		} else if (ch == '/' && i + 1 < len && sql[i + 1] == '*') {
-			int depth = 0; /* PostgreSQL's block comments nest */
-
-			do {
-				if (sql[i] == '/' && i + 1 < len && sql[i + 1] == '*') {
-					depth++;
-					buf[o++] = sql[i++];
-				} else if (sql[i] == '*' && i + 1 < len && sql[i + 1] == '/') {
-					depth--;
-					buf[o++] = sql[i++];
-				}
-				buf[o++] = sql[i++];
-			} while (i < len && depth > 0);
-		} else if (ch == '$' && (i == 0 || !(sql[i - 1] == '_' ||
-						      (sql[i - 1] >= 'a' && sql[i - 1] <= 'z') ||
-						      (sql[i - 1] >= 'A' && sql[i - 1] <= 'Z') ||
-						      (sql[i - 1] >= '0' && sql[i - 1] <= '9')))) {
-			/* $tag$ ... $tag$ (tag may be empty). */
-			size_t t = i + 1;
-			const char *close;
-
-			while (t < len && (sql[t] == '_' || (sql[t] >= 'a' && sql[t] <= 'z') ||
-					   (sql[t] >= 'A' && sql[t] <= 'Z') ||
-					   (t > i + 1 && sql[t] >= '0' && sql[t] <= '9')))
-				t++;
-			if (t < len && sql[t] == '$') {
-				size_t tag = t + 1 - i;
-				char delim[72];
-
-				if (tag >= sizeof(delim)) {
-					free(buf);
-					return idem__error(IDEM_EINVAL, "dollar-quote tag too long");
-				}
-				memcpy(delim, sql + i, tag);
-				delim[tag] = '\0';
-				close = strstr(sql + i + tag, delim);
-				t = close ? (size_t)(close - sql) + tag : len;
-				memcpy(buf + o, sql + i, t - i);
-				o += t - i;
-				i = t;
-			} else {
-				buf[o++] = sql[i++];
-			}
-		} else {
-			buf[o++] = sql[i++];
-		}
-	}
-	buf[o] = '\0';
-	*out = buf;
-	*nparams = n;
-	return 0;
-}
-
-/* ---- parameters and results ------------------------------------------ */
-
-/*
- * Parameters as libpq wants them. Integers and text go in text format (so
- * the server converts them to whatever type it inferred for the placeholder);
- * blobs in binary format, which for bytea is the bytes themselves.
- */
-typedef struct {
-	const char **values;
-	int *lengths;
-	int *formats;
-	char *mem;
-} bound;
-
-static void bound_free(bound *b)
-{
-	free(b->mem);
-	memset(b, 0, sizeof(*b));
-}
-
-static int bind_params(bound *b, const idem_value *params, int n)
-{
-	size_t size = 0, off;
-	char *text;
-
-	memset(b, 0, sizeof(*b));
-	if (n <= 0)
-		return 0;
-	for (int i = 0; i < n; i++) {
-		if (params[i].type == IDEM_VAL_TEXT) {
-			if (params[i].len && memchr(params[i].p, '\0', params[i].len))
-				return idem__error(IDEM_EINVAL,
-						   "postgresql text cannot hold a NUL byte (parameter %d)",
-						   i + 1);
-			size += params[i].len + 1;
-		} else if (params[i].type == IDEM_VAL_INT) {
-			size += 24;
-		}
-	}
-	off = (size_t)n * (sizeof(char *) + 2 * sizeof(int));
-	if (!(b->mem = malloc(off + size + 1)))
-		return idem__error(IDEM_ENOMEM, "out of memory");
-	b->values = (const char **)(void *)b->mem;
-	b->lengths = (int *)(void *)(b->mem + (size_t)n * sizeof(char *));
-	b->formats = b->lengths + n;
-	text = b->mem + off;
-	for (int i = 0; i < n; i++) {
-		const idem_value *v = &params[i];
-
-		b->lengths[i] = 0;
-		b->formats[i] = 0;
-		switch (v->type) {
-		case IDEM_VAL_INT:
-			b->values[i] = text;
-			text += snprintf(text, 24, "%lld", (long long)v->i) + 1;
-			break;
-		case IDEM_VAL_TEXT:
-			if (v->len)
-				memcpy(text, v->p, v->len);
-			text[v->len] = '\0';
-			b->values[i] = text;
-			text += v->len + 1;
-			break;
-		case IDEM_VAL_BLOB:
-			if (v->len > 0x7fffffff) {
-				bound_free(b);
-				return idem__error(IDEM_EINVAL, "blob parameter too large");
-			}
-			/* Never a NULL pointer: that would bind SQL NULL, not an empty blob. */
-			b->values[i] = v->p ? v->p : "";
-			b->lengths[i] = (int)v->len;
-			b->formats[i] = 1;
-			break;
-		default: b->values[i] = NULL; break;
-		}
-	}
-	return 0;
-}
-
-/* Call fn for each row of res; bytea is unescaped, integers parsed. */
-static int deliver_rows(PGresult *res, idem_row_fn fn, void *ctx)
-{
-	int nrows = PQntuples(res), ncols = PQnfields(res), rc = 0;
-	unsigned char *owned[MAX_COLS];
-
-	if (!fn || nrows == 0)
-		return 0;
-	if (ncols > MAX_COLS)
-		return idem__error(IDEM_EINVAL, "query returns more than %d columns", MAX_COLS);
-	for (int r = 0; r < nrows && rc == 0; r++) {
-		idem_value cols[MAX_COLS];
-		int nowned = 0;
-
-		for (int i = 0; i < ncols; i++) {
-			const char *v = PQgetvalue(res, r, i);
-			size_t len = (size_t)PQgetlength(res, r, i);
-			Oid type = PQftype(res, i);
-			int64_t n;
-
-			if (PQgetisnull(res, r, i)) {
-				cols[i] = IDEM_V_NULL;
-			} else if (type == OID_BYTEA) {
-				size_t blen = 0;
-				unsigned char *b = PQunescapeBytea((const unsigned char *)v, &blen);
-
-				if (!b) {
-					rc = idem__error(IDEM_ENOMEM, "out of memory");
-					break;
-				}
-				owned[nowned++] = b;
-				cols[i] = IDEM_V_BLOB(b, blen);
-			} else if (type == OID_BOOL) {
-				cols[i] = IDEM_V_INT(v[0] == 't');
-			} else if ((type == OID_INT8 || type == OID_INT4 || type == OID_INT2 ||
-				    type == OID_OID || type == OID_NUMERIC) &&
-				   idem__parse_int64(v, len, &n) == 0) {
-				/* numeric too when integral: sum(bigint) is numeric here,
-				 * an integer in the other backends. */
-				cols[i] = IDEM_V_INT(n);
-			} else {
-				cols[i] = IDEM_V_TEXTN(v, len);
-			}
-		}
-		if (rc == 0 && (rc = fn(ctx, cols, ncols)) > 0)
-			rc = 1;
-		for (int i = 0; i < nowned; i++)
-			PQfreemem(owned[i]);
-	}
-	return rc > 0 ? 0 : rc;
-}
 
 /* ---- talking to the server ------------------------------------------ */
 
@@ -575,15 +212,17 @@ static int prepare(conn *c, const char *sql, int n, int *slot, char **oneoff)
 	for (int i = 0; i < c->ncache; i++)
 		if (strcmp(c->cache[i].sql, sql) == 0) {
 			if (c->cache[i].nparams != n)
-				return idem__error(IDEM_EINVAL, "statement takes %d parameters, %d given",
-						   c->cache[i].nparams, n);
+				return idem__error(IDEM_EINVAL,
+				                   "statement takes %d parameters, %d given",
+				                   c->cache[i].nparams, n);
 			*slot = i;
 			return 0;
 		}
-	if ((rc = rewrite(sql, &text, &nparams)) < 0)
+	if ((rc = idem__pg_rewrite(sql, &text, &nparams)) < 0)
 		return rc;
 	if (nparams != n) {
-		rc = idem__error(IDEM_EINVAL, "statement takes %d parameters, %d given", nparams, n);
+		rc =
+		    idem__error(IDEM_EINVAL, "statement takes %d parameters, %d given", nparams, n);
 		goto done;
 	}
 	if (c->ncache == STMT_CACHE) {
@@ -595,7 +234,7 @@ static int prepare(conn *c, const char *sql, int n, int *slot, char **oneoff)
 	snprintf(name, sizeof(name), "idem_%d", c->ncache);
 	res = await(c, PQsendPrepare(c->pg, name, text, 0, NULL));
 	if (PQresultStatus(res) != PGRES_COMMAND_OK) {
-		rc = fail(c, res, CTX_BUSINESS, "prepare");
+		rc = idem__pg_fail(c, res, CTX_BUSINESS, "prepare");
 		goto done;
 	}
 	if (!(c->cache[c->ncache].sql = strdup(sql))) {
@@ -618,8 +257,8 @@ done:
  * a statement with parameters is executed, so every path gets the same
  * classification.
  */
-static int run(conn *c, const char *sql, const idem_value *params, int n, idem_row_fn fn,
-	       void *ctx, int64_t *changes, err_ctx ectx)
+static int run(conn *c, const char *sql, const idem_value *params, int n, idem_row_fn fn, void *ctx,
+               int64_t *changes, err_ctx ectx)
 {
 	PGresult *res = NULL;
 	char *oneoff = NULL, name[16];
@@ -629,24 +268,24 @@ static int run(conn *c, const char *sql, const idem_value *params, int n, idem_r
 
 	if (!c->pg || c->base.broken)
 		return idem__error(IDEM_EUNAVAIL, "postgresql: connection lost");
-	if ((rc = bind_params(&b, params, n)) < 0)
+	if ((rc = idem__pg_bind_params(&b, params, n)) < 0)
 		return rc;
 	if ((rc = prepare(c, sql, n, &slot, &oneoff)) < 0)
 		goto done;
 	if (slot >= 0) {
 		snprintf(name, sizeof(name), "idem_%d", slot);
-		res = await(c, PQsendQueryPrepared(c->pg, name, n, b.values, b.lengths, b.formats,
-						   0));
+		res = await(c,
+		            PQsendQueryPrepared(c->pg, name, n, b.values, b.lengths, b.formats, 0));
 	} else {
 		res = await(c, PQsendQueryParams(c->pg, oneoff, n, NULL, b.values, b.lengths,
-						 b.formats, 0));
+		                                 b.formats, 0));
 	}
 	st = PQresultStatus(res);
 	if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
-		rc = fail(c, res, ectx, "statement");
+		rc = idem__pg_fail(c, res, ectx, "statement");
 		goto done;
 	}
-	if ((rc = deliver_rows(res, fn, ctx)) < 0)
+	if ((rc = idem__pg_deliver_rows(res, fn, ctx)) < 0)
 		goto done;
 	if (changes) {
 		const char *t = PQcmdTuples(res);
@@ -657,7 +296,7 @@ static int run(conn *c, const char *sql, const idem_value *params, int n, idem_r
 done:
 	PQclear(res);
 	free(oneoff);
-	bound_free(&b);
+	idem__pg_bound_free(&b);
 	return rc;
 }
 
@@ -671,7 +310,7 @@ static int simple(conn *c, const char *sql, const char *what)
 		return idem__error(IDEM_EUNAVAIL, "postgresql: connection lost");
 	res = exec_text(c, sql);
 	if (PQresultStatus(res) != PGRES_COMMAND_OK && PQresultStatus(res) != PGRES_TUPLES_OK)
-		rc = fail(c, res, CTX_PLAIN, what);
+		rc = idem__pg_fail(c, res, CTX_PLAIN, what);
 	PQclear(res);
 	return rc;
 }
@@ -692,7 +331,7 @@ static int drain(conn *c)
 	c->failed_kind = 0;
 	res = await_pipeline(c, io_deadline(c), 0);
 	if (res || c->base.broken)
-		rc = fail(c, res, CTX_PLAIN, "statement");
+		rc = idem__pg_fail(c, res, CTX_PLAIN, "statement");
 	PQclear(res);
 	return rc;
 }
@@ -702,7 +341,7 @@ static int queued(conn *c, int sent, def_kind kind, const char *what)
 {
 	if (!sent) {
 		c->base.broken = 1;
-		return fail(c, NULL, CTX_PLAIN, what);
+		return idem__pg_fail(c, NULL, CTX_PLAIN, what);
 	}
 	c->deferred[c->ndeferred].kind = kind;
 	c->deferred[c->ndeferred].what = what;
@@ -722,12 +361,12 @@ static int defer_text(conn *c, const char *sql, const char *what)
 	if (c->ndeferred == MAX_DEFERRED && (rc = drain(c)) < 0)
 		return rc;
 	return queued(c, PQsendQueryParams(c->pg, sql, 0, NULL, NULL, NULL, NULL, 0), DEF_PLAIN,
-		      what);
+	              what);
 }
 
 /* A prepared statement with parameters, queued: its rows are never read. */
 static int defer_run(conn *c, const char *sql, const idem_value *params, int n, def_kind kind,
-		     const char *what)
+                     const char *what)
 {
 	char *oneoff = NULL, name[16];
 	bound b = {0};
@@ -737,22 +376,23 @@ static int defer_run(conn *c, const char *sql, const idem_value *params, int n, 
 		return idem__error(IDEM_EUNAVAIL, "postgresql: connection lost");
 	if (c->ndeferred == MAX_DEFERRED && (rc = drain(c)) < 0)
 		return rc;
-	if ((rc = bind_params(&b, params, n)) < 0)
+	if ((rc = idem__pg_bind_params(&b, params, n)) < 0)
 		return rc;
 	if ((rc = prepare(c, sql, n, &slot, &oneoff)) < 0)
 		goto done;
 	if (slot >= 0) {
 		snprintf(name, sizeof(name), "idem_%d", slot);
-		rc = queued(c, PQsendQueryPrepared(c->pg, name, n, b.values, b.lengths, b.formats, 0),
-			    kind, what);
+		rc = queued(c,
+		            PQsendQueryPrepared(c->pg, name, n, b.values, b.lengths, b.formats, 0),
+		            kind, what);
 	} else {
-		rc = queued(c, PQsendQueryParams(c->pg, oneoff, n, NULL, b.values, b.lengths,
-						 b.formats, 0),
-			    kind, what);
+		rc = queued(
+		    c, PQsendQueryParams(c->pg, oneoff, n, NULL, b.values, b.lengths, b.formats, 0),
+		    kind, what);
 	}
 done:
 	free(oneoff);
-	bound_free(&b);
+	idem__pg_bound_free(&b);
 	return rc;
 }
 
@@ -813,8 +453,8 @@ static int connect_poll(conn *c, int64_t deadline_us)
 	if (PQstatus(c->pg) == CONNECTION_BAD)
 		return -1;
 	while (st != PGRES_POLLING_OK) {
-		struct pollfd pfd = {PQsocket(c->pg), st == PGRES_POLLING_READING ? POLLIN : POLLOUT,
-				     0};
+		struct pollfd pfd = {PQsocket(c->pg),
+		                     st == PGRES_POLLING_READING ? POLLIN : POLLOUT, 0};
 		int left = idem__net_wait_ms(deadline_us, 0), n;
 
 		if (st == PGRES_POLLING_FAILED || pfd.fd < 0)
@@ -835,10 +475,17 @@ static int conn_open(idem__backend *be, conn *c)
 	/* Keywords before dbname are defaults the URL may override. Keepalives
 	 * and tcp_user_timeout end a connection whose peer vanished (a dead
 	 * link) even when idem is not waiting on it. */
-	const char *keys[] = {"connect_timeout", "fallback_application_name", "keepalives",
-			      "keepalives_idle", "keepalives_interval", "keepalives_count",
-			      "tcp_user_timeout", "dbname", NULL};
-	const char *vals[] = {"10", "idem", "1", "30", "10", "3", "30000", (const char *)be->state, NULL};
+	const char *keys[] = {"connect_timeout",
+	                      "fallback_application_name",
+	                      "keepalives",
+	                      "keepalives_idle",
+	                      "keepalives_interval",
+	                      "keepalives_count",
+	                      "tcp_user_timeout",
+	                      "dbname",
+	                      NULL};
+	const char *vals[] = {"10", "idem", "1", "30", "10", "3", "30000", (const char *)be->state,
+	                      NULL};
 	int64_t deadline = idem__clock_monotonic_us() + CONNECT_TIMEOUT_MS * 1000LL;
 	char setup[256];
 	int rc;
@@ -851,8 +498,9 @@ static int conn_open(idem__backend *be, conn *c)
 		return idem__error(IDEM_ENOMEM, "postgresql: out of memory connecting");
 	if ((rc = connect_poll(c, deadline)) > 0) {
 		conn_close(c);
-		return idem__error(IDEM_EUNAVAIL,
-				   "postgresql: connect: no answer from the server before the deadline");
+		return idem__error(
+		    IDEM_EUNAVAIL,
+		    "postgresql: connect: no answer from the server before the deadline");
 	}
 	if (PQstatus(c->pg) != CONNECTION_OK) {
 		const char *msg = PQerrorMessage(c->pg);
@@ -861,7 +509,7 @@ static int conn_open(idem__backend *be, conn *c)
 		while (len > 0 && (msg[len - 1] == '\n' || msg[len - 1] == ' '))
 			len--;
 		rc = idem__error_driver(IDEM_EUNAVAIL, 0, NULL, "postgresql: connect: %.*s", len,
-					msg);
+		                        msg);
 		conn_close(c);
 		return rc;
 	}
@@ -876,17 +524,16 @@ static int conn_open(idem__backend *be, conn *c)
 	PQsetNoticeProcessor(c->pg, quiet, NULL);
 	c->io_timeout_ms = be->opts.busy_timeout_ms + IO_MARGIN_MS;
 	snprintf(setup, sizeof(setup),
-		 "SET default_transaction_isolation = 'read committed';"
-		 " SET lock_timeout = %d; SET client_min_messages = warning;"
-		 " SET idle_in_transaction_session_timeout = " IDLE_TXN_TIMEOUT_MS_STR,
-		 be->opts.busy_timeout_ms > 0 ? be->opts.busy_timeout_ms : 1);
+	         "SET default_transaction_isolation = 'read committed';"
+	         " SET lock_timeout = %d; SET client_min_messages = warning;"
+	         " SET idle_in_transaction_session_timeout = " IDLE_TXN_TIMEOUT_MS_STR,
+	         be->opts.busy_timeout_ms > 0 ? be->opts.busy_timeout_ms : 1);
 	if ((rc = simple(c, setup, "session setup")) < 0) {
 		conn_close(c);
 		return rc;
 	}
 	return 0;
 }
-
 
 /* ---- the driver (netdb.h) -------------------------------------------- */
 
@@ -939,7 +586,7 @@ static int drv_simple(idem__netconn *c, const char *sql, const char *what)
 }
 
 static int drv_run(idem__netconn *c, const char *sql, const idem_value *params, int n,
-		   idem_row_fn fn, void *ctx, int64_t *changes)
+                   idem_row_fn fn, void *ctx, int64_t *changes)
 {
 	return run((conn *)(void *)c, sql, params, n, fn, ctx, changes, CTX_BUSINESS);
 }
@@ -953,7 +600,7 @@ static int drv_commit(idem__netconn *nc)
 	if (PQresultStatus(res) != PGRES_COMMAND_OK)
 		/* Lost during COMMIT: its fate is unknown: unavailable. A queued
 		 * statement's error: COMMIT was not run (the core rolls back). */
-		rc = fail(c, res, CTX_PLAIN, "commit");
+		rc = idem__pg_fail(c, res, CTX_PLAIN, "commit");
 	else if (strcmp(PQcmdStatus(res), "COMMIT") != 0)
 		/* COMMIT of a failed transaction answers ROLLBACK, not an error. */
 		rc = idem__error(IDEM_ESTORE, "postgresql: transaction was aborted; rolled back");
@@ -988,21 +635,21 @@ static void url_free(void *state)
 }
 
 static const idem__netdb_driver pg_driver = {
-	.ops = &idem__postgres_ops,
-	.conn_size = sizeof(conn),
-	.connect = drv_connect,
-	.disconnect = drv_disconnect,
-	.in_transaction = drv_in_transaction,
-	.simple = drv_simple,
-	.run = drv_run,
-	.commit = drv_commit,
-	.rollback = drv_rollback,
-	.state_free = url_free,
-	.begin_sql = "BEGIN",
-	.begin = drv_begin,
-	.defer = drv_defer,
-	.version_sql = "SELECT to_regclass('idem_schema_version') IS NOT NULL",
-	.purge_sql = idem__purge_sql,
+    .ops = &idem__postgres_ops,
+    .conn_size = sizeof(conn),
+    .connect = drv_connect,
+    .disconnect = drv_disconnect,
+    .in_transaction = drv_in_transaction,
+    .simple = drv_simple,
+    .run = drv_run,
+    .commit = drv_commit,
+    .rollback = drv_rollback,
+    .state_free = url_free,
+    .begin_sql = "BEGIN",
+    .begin = drv_begin,
+    .defer = drv_defer,
+    .version_sql = "SELECT to_regclass('idem_schema_version') IS NOT NULL",
+    .purge_sql = idem__purge_sql,
 };
 
 /* ---- schema ---------------------------------------------------------- */
@@ -1020,23 +667,25 @@ static int pg_migrate(idem__backend *be, int *version_out)
 	if ((rc = simple(c, "BEGIN", "begin")) < 0)
 		goto out;
 	if ((rc = simple(c, "SELECT pg_advisory_xact_lock(" MIGRATE_LOCK_KEY ")", "lock")) < 0 ||
-	    (rc = simple(c, "CREATE TABLE IF NOT EXISTS idem_schema_version ("
-			    " version INTEGER PRIMARY KEY, applied_at BIGINT NOT NULL)",
-			 "schema table")) < 0 ||
+	    (rc = simple(c,
+	                 "CREATE TABLE IF NOT EXISTS idem_schema_version ("
+	                 " version INTEGER PRIMARY KEY, applied_at BIGINT NOT NULL)",
+	                 "schema table")) < 0 ||
 	    (rc = idem__net_version_in(be, nc, &cur)) < 0)
 		goto rollback;
 	if (cur > IDEM__PG_SCHEMA_LATEST) {
 		rc = idem__error(IDEM_ESCHEMA,
-				 "database schema version %d is newer than this library's %d", cur,
-				 IDEM__PG_SCHEMA_LATEST);
+		                 "database schema version %d is newer than this library's %d", cur,
+		                 IDEM__PG_SCHEMA_LATEST);
 		goto rollback;
 	}
 	for (int v = cur + 1; v <= IDEM__PG_SCHEMA_LATEST; v++) {
 		idem_value p[2] = {IDEM_V_INT(v), IDEM_V_INT(be->opts.clock(be->opts.clock_ctx))};
 
 		if ((rc = simple(c, idem__pg_migrations[v - 1], "migration")) < 0 ||
-		    (rc = run(c, "INSERT INTO idem_schema_version (version, applied_at) VALUES (?, ?)",
-			      p, 2, NULL, NULL, NULL, CTX_PLAIN)) < 0)
+		    (rc = run(c,
+		              "INSERT INTO idem_schema_version (version, applied_at) VALUES (?, ?)",
+		              p, 2, NULL, NULL, NULL, CTX_PLAIN)) < 0)
 			goto rollback;
 		cur = v;
 	}
@@ -1053,11 +702,10 @@ out:
 	return rc;
 }
 
-
 /* ---- open ---------------------------------------------------------- */
 
 static int pg_open(idem__backend **out, idem_store *store, const char *target,
-		   const idem_store_opts *opts)
+                   const idem_store_opts *opts)
 {
 	PQconninfoOption *info = NULL;
 	char *err = NULL, *url;
@@ -1066,7 +714,7 @@ static int pg_open(idem__backend **out, idem_store *store, const char *target,
 	*out = NULL;
 	if (!target || strncmp(target, "//", 2) != 0)
 		return idem__error(IDEM_EINVAL,
-				   "postgresql URL must look like postgresql://user@host:port/db");
+		                   "postgresql URL must look like postgresql://user@host:port/db");
 	len = strlen(target) + sizeof("postgresql:");
 	if (!(url = malloc(len)))
 		return idem__error(IDEM_ENOMEM, "out of memory");
@@ -1078,7 +726,7 @@ static int pg_open(idem__backend **out, idem_store *store, const char *target,
 		while (n > 0 && err[n - 1] == '\n')
 			n--;
 		rc = idem__error(IDEM_EINVAL, "postgresql URL invalid: %.*s", n,
-				 err ? err : "out of memory");
+		                 err ? err : "out of memory");
 		PQfreemem(err);
 		free(url);
 		return rc;
@@ -1095,7 +743,6 @@ static int pg_open(idem__backend **out, idem_store *store, const char *target,
 
 /* ---- records --------------------------------------------------------- */
 
-
 /*
  * ON CONFLICT on exactly the idempotency key: a conflict there (after
  * waiting for a concurrent claimer's transaction) returns no row; any other
@@ -1104,20 +751,20 @@ static int pg_open(idem__backend **out, idem_store *store, const char *target,
 static int pg_rec_insert(idem_txn *txn, const idem__key *k, idem__record *rec)
 {
 	static const char sql[] =
-		"INSERT INTO idem_records (scope, business_type, idem_key, version, status,"
-		" fingerprint, owner, lease_until, created_at, expires_at)"
-		" VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-		" ON CONFLICT (scope, business_type, idem_key) DO NOTHING RETURNING id";
+	    "INSERT INTO idem_records (scope, business_type, idem_key, version, status,"
+	    " fingerprint, owner, lease_until, created_at, expires_at)"
+	    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+	    " ON CONFLICT (scope, business_type, idem_key) DO NOTHING RETURNING id";
 	idem_value p[10] = {IDEM_V_TEXTN(k->scope, k->scope_len),
-			    IDEM_V_TEXTN(k->type, k->type_len),
-			    IDEM_V_TEXTN(k->key, k->key_len),
-			    IDEM_V_INT(rec->version),
-			    IDEM_V_TEXT(idem__status_name(rec->status)),
-			    IDEM_V_TEXT(rec->fingerprint),
-			    IDEM_V_TEXT(rec->owner),
-			    IDEM_V_INT(rec->lease_until),
-			    IDEM_V_INT(rec->created_at),
-			    IDEM_V_INT(rec->expires_at)};
+	                    IDEM_V_TEXTN(k->type, k->type_len),
+	                    IDEM_V_TEXTN(k->key, k->key_len),
+	                    IDEM_V_INT(rec->version),
+	                    IDEM_V_TEXT(idem__status_name(rec->status)),
+	                    IDEM_V_TEXT(rec->fingerprint),
+	                    IDEM_V_TEXT(rec->owner),
+	                    IDEM_V_INT(rec->lease_until),
+	                    IDEM_V_INT(rec->created_at),
+	                    IDEM_V_INT(rec->expires_at)};
 	int64_t id = 0;
 	int rc = run(conn_of(txn), sql, p, 10, idem_row_int, &id, NULL, CTX_CLAIM);
 
@@ -1139,8 +786,8 @@ static int pg_rec_insert(idem_txn *txn, const idem__key *k, idem__record *rec)
  * idem_txn_try_exec), as it does on SQLite and MariaDB. Two extra round
  * trips, so only statements whose failure the unit handles pay for it.
  */
-static int business(idem_txn *txn, const char *sql, const idem_value *params, int n,
-		    idem_row_fn fn, void *ctx, int64_t *changes)
+static int business(idem_txn *txn, const char *sql, const idem_value *params, int n, idem_row_fn fn,
+                    void *ctx, int64_t *changes)
 {
 	conn *c = conn_of(txn);
 	int rc;
@@ -1155,13 +802,14 @@ static int business(idem_txn *txn, const char *sql, const idem_value *params, in
 		 * one statement per message: RELEASE queued behind ROLLBACK TO. */
 		PGresult *res;
 
-		if (c->piped && defer_text(c, "ROLLBACK TO SAVEPOINT idem_stmt", "rollback to") < 0) {
+		if (c->piped &&
+		    defer_text(c, "ROLLBACK TO SAVEPOINT idem_stmt", "rollback to") < 0) {
 			c->base.broken = 1;
 			return rc;
 		}
 		res = exec_text(c, c->piped ? "RELEASE SAVEPOINT idem_stmt"
-					    : "ROLLBACK TO SAVEPOINT idem_stmt;"
-					      " RELEASE SAVEPOINT idem_stmt");
+		                            : "ROLLBACK TO SAVEPOINT idem_stmt;"
+		                              " RELEASE SAVEPOINT idem_stmt");
 		if (PQresultStatus(res) != PGRES_COMMAND_OK)
 			c->base.broken = 1;
 		PQclear(res);
@@ -1175,11 +823,10 @@ static int business(idem_txn *txn, const char *sql, const idem_value *params, in
 }
 
 static int pg_txn_try_exec(idem_txn *txn, const char *sql, const idem_value *params, int n,
-			   int64_t *changes)
+                           int64_t *changes)
 {
 	return business(txn, sql, params, n, NULL, NULL, changes);
 }
-
 
 /*
  * The completion of a record this transaction claimed, queued: it cannot
@@ -1188,53 +835,56 @@ static int pg_txn_try_exec(idem_txn *txn, const char *sql, const idem_value *par
  * IDEM_ELEASE and which keeps COMMIT from running.
  */
 static int pg_rec_complete_held(idem_txn *txn, int64_t id, const char *owner, idem__status st,
-				int http_status, const unsigned char *body, size_t len,
-				int64_t now)
+                                int http_status, const unsigned char *body, size_t len, int64_t now)
 {
 	static const char sql[] =
-		"WITH done AS (UPDATE idem_records SET version = version + 1, status = ?,"
-		" http_status = ?, response = ?, owner = NULL, lease_until = NULL,"
-		" completed_at = ? WHERE id = ? AND owner = ? AND status = 'PROCESSING'"
-		" RETURNING 1) SELECT 1 / count(*) FROM done";
-	idem_value p[6] = {IDEM_V_TEXT(idem__status_name(st)), IDEM_V_INT(http_status),
-			   IDEM_V_BLOB(body, len),		 IDEM_V_INT(now),
-			   IDEM_V_INT(id),			 IDEM_V_TEXT(owner)};
+	    "WITH done AS (UPDATE idem_records SET version = version + 1, status = ?,"
+	    " http_status = ?, response = ?, owner = NULL, lease_until = NULL,"
+	    " completed_at = ? WHERE id = ? AND owner = ? AND status = 'PROCESSING'"
+	    " RETURNING 1) SELECT 1 / count(*) FROM done";
+	idem_value p[6] = {IDEM_V_TEXT(idem__status_name(st)),
+	                   IDEM_V_INT(http_status),
+	                   IDEM_V_BLOB(body, len),
+	                   IDEM_V_INT(now),
+	                   IDEM_V_INT(id),
+	                   IDEM_V_TEXT(owner)};
 	conn *c = conn_of(txn);
 
 	if (!c->piped) {
 		int changed = 0, rc = idem__rec_complete(txn, id, owner, st, http_status, body, len,
-							 now, &changed);
+		                                         now, &changed);
 
-		return rc == 0 && !changed ? idem__error(IDEM_ELEASE, "the claim's lease was taken over")
-					   : rc;
+		return rc == 0 && !changed
+		           ? idem__error(IDEM_ELEASE, "the claim's lease was taken over")
+		           : rc;
 	}
 	return defer_run(c, sql, p, 6, DEF_COMPLETE, "completion");
 }
 
 const idem__backend_ops idem__postgres_ops = {
-	.version = IDEM__BACKEND_OPS_VERSION,
-	.name = "postgresql",
-	.open = pg_open,
-	.close = idem__net_close,
-	.migrate = pg_migrate,
-	.schema_version = idem__net_schema_version,
-	.schema_latest = IDEM__PG_SCHEMA_LATEST,
-	.ping = idem__net_ping,
-	.txn_begin = idem__net_txn_begin,
-	.txn_commit = idem__net_txn_commit,
-	.txn_rollback = idem__net_txn_rollback,
-	.savepoint = idem__net_savepoint,
-	.release = idem__net_release,
-	.rollback_to = idem__net_rollback_to,
-	.rec_insert = pg_rec_insert,
-	.rec_takeover = idem__rec_takeover,
-	.rec_complete = idem__rec_complete,
-	.rec_extend = idem__rec_extend,
-	.rec_delete_owned = idem__rec_delete_owned,
-	.purge_batch = idem__net_purge_batch,
-	.txn_exec = idem__net_txn_exec,
-	.txn_try_exec = pg_txn_try_exec,
-	.txn_query = idem__net_txn_query,
-	.read_query = idem__net_read_query,
-	.rec_complete_held = pg_rec_complete_held,
+    .version = IDEM__BACKEND_OPS_VERSION,
+    .name = "postgresql",
+    .open = pg_open,
+    .close = idem__net_close,
+    .migrate = pg_migrate,
+    .schema_version = idem__net_schema_version,
+    .schema_latest = IDEM__PG_SCHEMA_LATEST,
+    .ping = idem__net_ping,
+    .txn_begin = idem__net_txn_begin,
+    .txn_commit = idem__net_txn_commit,
+    .txn_rollback = idem__net_txn_rollback,
+    .savepoint = idem__net_savepoint,
+    .release = idem__net_release,
+    .rollback_to = idem__net_rollback_to,
+    .rec_insert = pg_rec_insert,
+    .rec_takeover = idem__rec_takeover,
+    .rec_complete = idem__rec_complete,
+    .rec_extend = idem__rec_extend,
+    .rec_delete_owned = idem__rec_delete_owned,
+    .purge_batch = idem__net_purge_batch,
+    .txn_exec = idem__net_txn_exec,
+    .txn_try_exec = pg_txn_try_exec,
+    .txn_query = idem__net_txn_query,
+    .read_query = idem__net_read_query,
+    .rec_complete_held = pg_rec_complete_held,
 };
