@@ -50,6 +50,18 @@ pay__chanstate *pay__chanstate_new(void);
 void pay__chanstate_free(pay__chanstate *s);
 /* The pool, started on first use; NULL after an error (set). */
 pay__pool *pay__pool_get(idem_pay *pay);
+/*
+ * A background thread running fn(arg) every interval_ms (pay/ticker.c):
+ * first at once when run_first, else after one interval. A kick runs the
+ * next pass at once; stop waits for a pass under way and frees t.
+ */
+typedef struct pay__ticker pay__ticker;
+typedef void (*pay__tick_fn)(void *arg);
+int pay__ticker_start(pay__ticker **out, int64_t interval_ms, int run_first, pay__tick_fn fn,
+		      void *arg);
+void pay__ticker_kick(pay__ticker *t);
+void pay__ticker_stop(pay__ticker *t);
+
 /* Stop the sweeper thread, if one runs (sweeper.c). */
 void pay__sweeper_stop(idem_pay *pay);
 

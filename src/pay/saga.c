@@ -26,7 +26,6 @@
 #include <openssl/evp.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "pay/internal.h"
 #include "util/clock.h"
@@ -36,11 +35,8 @@
 #define DRIVE_BATCH 100
 
 struct pay__saga {
-	pthread_t thread;
-	pthread_mutex_t lock;
-	pthread_cond_t wake;
-	int stopping;
-	int64_t interval_ms, step_delay_ms;
+	pay__ticker *ticker;
+	int64_t step_delay_ms;
 };
 
 /* ---- step 1: the debit and the outbox row (the request's unit) ---------- */
@@ -96,13 +92,8 @@ static int answer_outbox(idem_response *resp, int status, const outbox_row *o)
 
 static void saga_kick(idem_pay *router)
 {
-	pay__saga *s = router ? router->saga : NULL;
-
-	if (!s)
-		return;
-	pthread_mutex_lock(&s->lock);
-	pthread_cond_signal(&s->wake);
-	pthread_mutex_unlock(&s->lock);
+	if (router && router->saga)
+		pay__ticker_kick(router->saga->ticker);
 }
 
 int pay__saga_debit(idem_txn *txn, pay__op *c, const char *to, int to_shard, idem_response *resp)
@@ -347,39 +338,15 @@ int idem_pay_transfers_drive(idem_pay *pay, int *settled)
 
 /* ---- the driver thread --------------------------------------------------- */
 
-static void *saga_main(void *arg)
+static void drive_pass(void *arg)
 {
-	idem_pay *pay = arg;
-	pay__saga *s = pay->saga;
-
-	pthread_mutex_lock(&s->lock);
-	while (!s->stopping) {
-		pthread_mutex_unlock(&s->lock);
-		idem_pay_transfers_drive(pay, NULL); /* errors: the next pass tries again */
-		pthread_mutex_lock(&s->lock);
-		if (s->stopping)
-			break;
-		{
-			struct timespec ts;
-
-			clock_gettime(CLOCK_REALTIME, &ts);
-			ts.tv_sec += s->interval_ms / 1000;
-			ts.tv_nsec += (long)(s->interval_ms % 1000) * 1000000L;
-			if (ts.tv_nsec >= 1000000000L) {
-				ts.tv_sec++;
-				ts.tv_nsec -= 1000000000L;
-			}
-			/* A new transfer wakes it early (saga_kick). */
-			pthread_cond_timedwait(&s->wake, &s->lock, &ts);
-		}
-	}
-	pthread_mutex_unlock(&s->lock);
-	return NULL;
+	idem_pay_transfers_drive(arg, NULL);
 }
 
 int idem_pay_transfer_driver_start(idem_pay *pay, int64_t interval_ms, int64_t step_delay_ms)
 {
 	pay__saga *s;
+	int rc;
 
 	if (!pay || interval_ms < 10 || step_delay_ms < 0 || step_delay_ms > 600000)
 		return idem__error(IDEM_EINVAL, "transfer driver: interval >= 10 ms, delay 0..600000");
@@ -389,34 +356,21 @@ int idem_pay_transfer_driver_start(idem_pay *pay, int64_t interval_ms, int64_t s
 		return idem__error(IDEM_EINVAL, "the transfer driver runs already");
 	if (!(s = calloc(1, sizeof(*s))))
 		return idem__error(IDEM_ENOMEM, "out of memory");
-	pthread_mutex_init(&s->lock, NULL);
-	pthread_cond_init(&s->wake, NULL);
-	s->interval_ms = interval_ms;
 	s->step_delay_ms = step_delay_ms;
-	pay->saga = s;
-	if (pthread_create(&s->thread, NULL, saga_main, pay) != 0) {
+	pay->saga = s; /* before the first pass, which reads step_delay_ms */
+	if ((rc = pay__ticker_start(&s->ticker, interval_ms, 1, drive_pass, pay)) < 0) {
 		pay->saga = NULL;
-		pthread_cond_destroy(&s->wake);
-		pthread_mutex_destroy(&s->lock);
 		free(s);
-		return idem__error(IDEM_ENOMEM, "cannot start the transfer driver thread");
+		return rc;
 	}
 	return 0;
 }
 
 void pay__saga_stop(idem_pay *pay)
 {
-	pay__saga *s = pay->saga;
-
-	if (!s)
+	if (!pay->saga)
 		return;
-	pthread_mutex_lock(&s->lock);
-	s->stopping = 1;
-	pthread_cond_signal(&s->wake);
-	pthread_mutex_unlock(&s->lock);
-	pthread_join(s->thread, NULL);
-	pthread_cond_destroy(&s->wake);
-	pthread_mutex_destroy(&s->lock);
-	free(s);
+	pay__ticker_stop(pay->saga->ticker);
+	free(pay->saga);
 	pay->saga = NULL;
 }

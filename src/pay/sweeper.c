@@ -8,13 +8,10 @@
  * is completed with the resolved answer, so the client's retry replays it.
  * One instance sweeps at a time: a lease row in sweeper_lease.
  */
-#include <errno.h>
 #include <openssl/crypto.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "pay/channel.h"
 #include "pay/payment.h"
@@ -30,11 +27,9 @@
 #define LEASE_NAME "channels"
 
 struct pay__sweeper {
-	pthread_t thread;
-	pthread_mutex_t lock;
-	pthread_cond_t wake;
-	int stopping;
-	int64_t interval_ms, age_ms;
+	pay__ticker *ticker;
+	idem_pay *pay;
+	int64_t age_ms;
 };
 
 /* ---- the lease -------------------------------------------------------- */
@@ -506,44 +501,22 @@ release:
 
 /* ---- the thread ---------------------------------------------------------- */
 
-static void *sweeper_main(void *arg)
+static void sweep_pass(void *arg)
 {
-	idem_pay *pay = arg;
-	pay__sweeper *s = pay->sweeper;
+	pay__sweeper *s = arg;
 
-	pthread_mutex_lock(&s->lock);
-	while (!s->stopping) {
-		struct timespec ts;
-
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_sec += s->interval_ms / 1000;
-		ts.tv_nsec += (long)(s->interval_ms % 1000) * 1000000L;
-		if (ts.tv_nsec >= 1000000000L) {
-			ts.tv_sec++;
-			ts.tv_nsec -= 1000000000L;
-		}
-		while (!s->stopping && pthread_cond_timedwait(&s->wake, &s->lock, &ts) != ETIMEDOUT)
-			;
-		if (s->stopping)
-			break;
-		pthread_mutex_unlock(&s->lock);
-		idem_pay_sweep(pay, s->age_ms, NULL, NULL); /* errors: the next pass tries again */
-		pthread_mutex_lock(&s->lock);
-	}
-	pthread_mutex_unlock(&s->lock);
-	return NULL;
+	idem_pay_sweep(s->pay, s->age_ms, NULL, NULL);
 }
 
 int idem_pay_sweeper_start(idem_pay *pay, int64_t interval_ms, int64_t age_ms)
 {
 	pay__sweeper *s;
+	int rc;
 
 	if (!pay || interval_ms < 10 || age_ms < 0)
 		return idem__error(IDEM_EINVAL, "sweeper: interval >= 10 ms, age >= 0");
 	for (int i = 0; i < pay->nshards; i++) { /* one sweeper per shard */
-		int rc = idem_pay_sweeper_start(pay->shards[i], interval_ms, age_ms);
-
-		if (rc < 0)
+		if ((rc = idem_pay_sweeper_start(pay->shards[i], interval_ms, age_ms)) < 0)
 			return rc;
 	}
 	if (pay->nshards)
@@ -552,34 +525,22 @@ int idem_pay_sweeper_start(idem_pay *pay, int64_t interval_ms, int64_t age_ms)
 		return idem__error(IDEM_EINVAL, "the sweeper runs already");
 	if (!(s = calloc(1, sizeof(*s))))
 		return idem__error(IDEM_ENOMEM, "out of memory");
-	pthread_mutex_init(&s->lock, NULL);
-	pthread_cond_init(&s->wake, NULL);
-	s->interval_ms = interval_ms;
+	s->pay = pay;
 	s->age_ms = age_ms;
-	pay->sweeper = s;
-	if (pthread_create(&s->thread, NULL, sweeper_main, pay) != 0) {
-		pay->sweeper = NULL;
-		pthread_cond_destroy(&s->wake);
-		pthread_mutex_destroy(&s->lock);
+	/* The first pass after one interval: a fresh start has nothing old. */
+	if ((rc = pay__ticker_start(&s->ticker, interval_ms, 0, sweep_pass, s)) < 0) {
 		free(s);
-		return idem__error(IDEM_ENOMEM, "cannot start the sweeper thread");
+		return rc;
 	}
+	pay->sweeper = s;
 	return 0;
 }
 
 void pay__sweeper_stop(idem_pay *pay)
 {
-	pay__sweeper *s = pay->sweeper;
-
-	if (!s)
+	if (!pay->sweeper)
 		return;
-	pthread_mutex_lock(&s->lock);
-	s->stopping = 1;
-	pthread_cond_signal(&s->wake);
-	pthread_mutex_unlock(&s->lock);
-	pthread_join(s->thread, NULL);
-	pthread_cond_destroy(&s->wake);
-	pthread_mutex_destroy(&s->lock);
-	free(s);
+	pay__ticker_stop(pay->sweeper->ticker);
+	free(pay->sweeper);
 	pay->sweeper = NULL;
 }
