@@ -646,18 +646,12 @@ static void wait_idle(job *j)
 	pthread_mutex_unlock(&j->lock);
 }
 
-int idem_recon_import(idem_recon_report *out, idem_pay *pay, const char *channel, FILE *f,
-                      const idem_recon_opts *opts)
+/* The arguments, and that channel exists (channels live on shard 0). */
+static int check_args(idem_pay *pay, const char *channel, FILE *f, const idem_recon_opts *opts)
 {
-	idem_recon_opts defaults = IDEM_RECON_OPTS_INIT;
-	job *j = NULL;
-	reader *r = NULL;
 	idem_value p[1];
-	int rc = 0, known = 0, csv_ready = 0, locks = 0;
+	int rc, known = 0;
 
-	memset(out, 0, sizeof(*out));
-	if (!opts)
-		opts = &defaults;
 	if (!pay || !f || opts->version != IDEM_RECON_OPTS_VERSION || opts->ttl_ms <= 0 ||
 	    opts->max_in_flight < 1 || opts->max_in_flight > 65536)
 		return idem__error(IDEM_EINVAL, "idem_recon_import: bad arguments");
@@ -669,11 +663,17 @@ int idem_recon_import(idem_recon_report *out, idem_pay *pay, const char *channel
 		return rc;
 	if (!known)
 		return idem__error(IDEM_EINVAL, "unknown channel '%s'", channel);
+	return 0;
+}
 
-	if (!(j = calloc(1, sizeof(*j))) || !(r = calloc(1, sizeof(*r)))) {
-		rc = idem__error(IDEM_ENOMEM, "out of memory");
-		goto done;
-	}
+/* A job with opts->max_in_flight free slots; NULL when out of memory. */
+static job *job_new(idem_pay *pay, const char *channel, const idem_recon_opts *opts,
+                    idem_recon_report *out)
+{
+	job *j = calloc(1, sizeof(*j));
+
+	if (!j)
+		return NULL;
 	j->pay = pay;
 	j->channel = channel;
 	j->opts = *opts;
@@ -681,21 +681,34 @@ int idem_recon_import(idem_recon_report *out, idem_pay *pay, const char *channel
 	j->nslots = j->nfree = opts->max_in_flight;
 	j->slots = calloc((size_t)j->nslots, sizeof(*j->slots));
 	j->free_slots = calloc((size_t)j->nslots, sizeof(int));
-	if (!j->slots || !j->free_slots) {
-		rc = idem__error(IDEM_ENOMEM, "out of memory");
-		goto done;
+	if (!j->slots || !j->free_slots || csv_init(&j->csv, 0) != 0) {
+		free(j->slots);
+		free(j->free_slots);
+		free(j);
+		return NULL;
 	}
 	for (int i = 0; i < j->nslots; i++)
 		j->free_slots[i] = i;
 	pthread_mutex_init(&j->lock, NULL);
 	pthread_cond_init(&j->cond, NULL);
-	locks = 1;
-	if (csv_init(&j->csv, 0) != 0) {
-		rc = idem__error(IDEM_ENOMEM, "out of memory");
-		goto done;
-	}
-	csv_ready = 1;
-	r->f = f;
+	return j;
+}
+
+static void job_free(job *j)
+{
+	csv_free(&j->csv);
+	pthread_cond_destroy(&j->cond);
+	pthread_mutex_destroy(&j->lock);
+	free(j->slots);
+	free(j->free_slots);
+	free(j);
+}
+
+/* Feed r's lines to the CSV parser, whose rows start their units (on_row),
+ * until the file ends or the job stops. */
+static int feed(job *j, reader *r)
+{
+	int rc = 0;
 
 	for (;;) {
 		const char *s = NULL;
@@ -730,6 +743,28 @@ int idem_recon_import(idem_recon_report *out, idem_pay *pay, const char *channel
 	}
 	if (rc == 0 && !j->stop && !j->header_bad)
 		csv_fini(&j->csv, on_field, on_row, j);
+	return rc;
+}
+
+int idem_recon_import(idem_recon_report *out, idem_pay *pay, const char *channel, FILE *f,
+                      const idem_recon_opts *opts)
+{
+	idem_recon_opts defaults = IDEM_RECON_OPTS_INIT;
+	job *j = NULL;
+	reader *r = NULL;
+	int rc;
+
+	memset(out, 0, sizeof(*out));
+	if (!opts)
+		opts = &defaults;
+	if ((rc = check_args(pay, channel, f, opts)) < 0)
+		return rc;
+	if (!(j = job_new(pay, channel, opts, out)) || !(r = calloc(1, sizeof(*r)))) {
+		rc = idem__error(IDEM_ENOMEM, "out of memory");
+		goto done;
+	}
+	r->f = f;
+	rc = feed(j, r);
 	wait_idle(j);
 	if (rc == 0 && r->error)
 		rc = idem__error(IDEM_ESTORE, "cannot read the reconciliation file");
@@ -742,17 +777,8 @@ int idem_recon_import(idem_recon_report *out, idem_pay *pay, const char *channel
 	if (rc == 0 && opts->on_progress)
 		opts->on_progress(opts->ctx, j->bytes, out->rows);
 done:
-	if (csv_ready)
-		csv_free(&j->csv);
-	if (locks) {
-		pthread_cond_destroy(&j->cond);
-		pthread_mutex_destroy(&j->lock);
-	}
-	if (j) {
-		free(j->slots);
-		free(j->free_slots);
-	}
-	free(j);
+	if (j)
+		job_free(j);
 	free(r);
 	return rc;
 }
