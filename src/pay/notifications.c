@@ -8,6 +8,7 @@
  */
 #include <string.h>
 
+#include "pay/channel.h"
 #include "pay/payment.h"
 #include "util/error.h"
 
@@ -18,15 +19,51 @@ static int acknowledge(idem_response *resp)
 	return idem_response_set(resp, 200, ok, sizeof(ok) - 1);
 }
 
+/*
+ * A credit to come: take the merchant's lock first (the order refunds use
+ * too) and answer 409 for one that would overflow, before anything is
+ * written. 1 when answered so.
+ */
+static int refuse_overflow(idem_txn *txn, const pay__payment *p, int64_t now, idem_response *resp)
+{
+	int fits = 0, rc;
+
+	if ((rc = pay__lock_merchant(txn, p->merchant_id, now)) < 0 ||
+	    (rc = pay__credit_fits(txn, p->merchant_id, p->currency, p->amount, &fits)) < 0)
+		return rc;
+	if (fits)
+		return 0;
+	rc = pay__overflow_problem(resp);
+	return rc < 0 ? rc : 1;
+}
+
+/* The delivery's row: IDEM_ECONFLICT when (channel, notify_id) came before. */
+static int insert_notification(idem_txn *txn, const pay__op *c, const pay__payment *p,
+                               int64_t now)
+{
+	idem_value v[7] = {IDEM_V_TEXT(c->rq->caller),
+	                   IDEM_V_TEXT(pay__str(c->doc, "notify_id")),
+	                   IDEM_V_TEXT(p->id),
+	                   IDEM_V_TEXT(pay__str(c->doc, "channel_txn_id")),
+	                   IDEM_V_TEXT(pay__str(c->doc, "status")),
+	                   IDEM_V_INT(p->amount),
+	                   IDEM_V_INT(now)};
+
+	return idem_txn_try_exec(txn,
+	                         "INSERT INTO notifications (channel, notify_id, payment_id,"
+	                         " channel_txn_id, status, amount, created_at)"
+	                         " VALUES (?, ?, ?, ?, ?, ?, ?)",
+	                         v, 7, NULL);
+}
+
 static int notify_work(idem_txn *txn, void *vctx, idem_response *resp)
 {
 	pay__op *c = vctx;
 	json_t *d = c->doc;
 	const char *status = pay__str(d, "status");
-	int success = strcmp(status, "SUCCESS") == 0;
-	int64_t now = pay__now(c->pay), changed = 0;
+	int64_t now = pay__now(c->pay);
 	pay__payment p = {0};
-	int rc, open_ = 0;
+	int rc, changed = 0;
 
 	if ((rc = pay__payment_load(c->pay, txn, &p, NULL, pay__str(d, "payment_id"))) < 0)
 		goto done;
@@ -42,69 +79,24 @@ static int notify_work(idem_txn *txn, void *vctx, idem_response *resp)
 	}
 	/* 'creating': the create call has not returned yet (a channel may notify
 	 * before it answers); the notification decides all the same. */
-	open_ = strcmp(p.status, "processing") == 0 || strcmp(p.status, "creating") == 0;
-	if (success && open_) {
-		/* A credit to come: take the merchant's lock first (the order refunds
-		 * use too) and refuse one that would overflow before writing anything. */
-		int fits = 0;
-
-		if ((rc = pay__lock_merchant(txn, p.merchant_id, now)) < 0 ||
-		    (rc = pay__credit_fits(txn, p.merchant_id, p.currency, p.amount, &fits)) < 0)
-			goto done;
-		if (!fits) {
-			rc = pay__overflow_problem(resp);
-			goto done;
-		}
-	}
-	{
-		idem_value v[7] = {IDEM_V_TEXT(c->rq->caller),
-		                   IDEM_V_TEXT(pay__str(d, "notify_id")),
-		                   IDEM_V_TEXT(p.id),
-		                   IDEM_V_TEXT(pay__str(d, "channel_txn_id")),
-		                   IDEM_V_TEXT(status),
-		                   IDEM_V_INT(p.amount),
-		                   IDEM_V_INT(now)};
-
-		rc = idem_txn_try_exec(txn,
-		                   "INSERT INTO notifications (channel, notify_id, payment_id,"
-		                   " channel_txn_id, status, amount, created_at)"
-		                   " VALUES (?, ?, ?, ?, ?, ?, ?)",
-		                   v, 7, NULL);
-	}
-	if (rc == IDEM_ECONFLICT) {
+	if (strcmp(status, "SUCCESS") == 0 &&
+	    (strcmp(p.status, "processing") == 0 || strcmp(p.status, "creating") == 0) &&
+	    (rc = refuse_overflow(txn, &p, now, resp)) != 0)
+		goto done;
+	if ((rc = insert_notification(txn, c, &p, now)) == IDEM_ECONFLICT) {
 		/* Delivered before under another idempotency key: already handled. */
 		rc = acknowledge(resp);
 		goto done;
 	}
-	if (rc < 0)
+	/* The payment's state and its credit, as a channel's answer sets them
+	 * (chanpay.c); a payment final already is left as it is. */
+	if (rc < 0 || (rc = pay__apply_order_status(c->pay, txn, p.id, status,
+	                                            pay__str(d, "channel_txn_id"), &changed)) < 0)
 		goto done;
-	{
-		idem_value v[4] = {IDEM_V_TEXT(success ? "succeeded" : "failed"),
-		                   IDEM_V_TEXT(pay__str(d, "channel_txn_id")), IDEM_V_INT(now),
-		                   IDEM_V_TEXT(p.id)};
-
-		rc = idem_txn_exec(
-		    txn,
-		    "UPDATE payments SET status = ?, channel_txn_id = ?, updated_at = ?"
-		    " WHERE id = ? AND status IN ('creating', 'processing')",
-		    v, 4, &changed);
-	}
-	if (rc < 0)
-		goto done;
-	/* changed == 0: the payment is final already; acknowledge, change nothing. */
-	if (changed == 1 && success) {
-		/* Locked above unless the payment was final when read (it is not now):
-		 * taking the lock again is harmless. */
-		if ((!open_ &&
-		     (rc = pay__lock_merchant(txn, p.merchant_id, now)) < 0) ||
-		    (rc = pay__post(txn, p.merchant_id, p.currency, p.amount, "payment", p.id,
-		                    now)) < 0)
-			goto done;
-	}
 	rc = acknowledge(resp);
 done:
 	pay__payment_clear(&p);
-	return rc;
+	return rc > 0 ? 0 : rc;
 }
 
 static const pay__field notify_fields[] = {
