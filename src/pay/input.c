@@ -211,7 +211,7 @@ int pay__new_id(char out[IDEM_PAY_ID_SIZE], const char *prefix, int shard)
 	if (shard <= 0)
 		return idem__rand_hex(out + n, 16);
 	/* Same length as a shard 0 id: "s" and three digits take four hex digits' room. */
-	snprintf(out + n, 5, "s%03d", shard % 1000);
+	snprintf(out + n, 5, "s%03u", (unsigned)shard % 1000u);
 	return idem__rand_hex(out + n + 4, 14);
 }
 

@@ -38,8 +38,7 @@ static int refuse_overflow(idem_txn *txn, const pay__payment *p, int64_t now, id
 }
 
 /* The delivery's row: IDEM_ECONFLICT when (channel, notify_id) came before. */
-static int insert_notification(idem_txn *txn, const pay__op *c, const pay__payment *p,
-                               int64_t now)
+static int insert_notification(idem_txn *txn, const pay__op *c, const pay__payment *p, int64_t now)
 {
 	idem_value v[7] = {IDEM_V_TEXT(c->rq->caller),
 	                   IDEM_V_TEXT(pay__str(c->doc, "notify_id")),
@@ -100,8 +99,10 @@ done:
 }
 
 static const pay__field notify_fields[] = {
-    {"notify_id", F_STRING, 0, V_NATURAL_KEY, 1},  {"channel_txn_id", F_STRING, 1, V_NATURAL_KEY, 0},
-    {"payment_id", F_STRING, 1, V_ID, 0},          {"status", F_STRING, 1, V_NOTIFY_STATUS, 0},
+    {"notify_id", F_STRING, 0, V_NATURAL_KEY, 1},
+    {"channel_txn_id", F_STRING, 1, V_NATURAL_KEY, 0},
+    {"payment_id", F_STRING, 1, V_ID, 0},
+    {"status", F_STRING, 1, V_NOTIFY_STATUS, 0},
     {"amount", F_INT, 1, V_AMOUNT, 0},
 };
 

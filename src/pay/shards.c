@@ -200,7 +200,7 @@ int pay__new_key_id(const idem_pay *pay, char out[17])
 {
 	if (pay->shard <= 0)
 		return idem__rand_hex(out, 8);
-	snprintf(out, 5, "s%03d", pay->shard % 1000);
+	snprintf(out, 5, "s%03u", (unsigned)pay->shard % 1000u);
 	return idem__rand_hex(out + 4, 6);
 }
 
