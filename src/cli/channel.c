@@ -140,15 +140,9 @@ static int connect_cmd(const cli_globals *g, int argc, char **argv)
 	return rc;
 }
 
-typedef struct {
-	int json;
-	json_t *list;
-	int64_t n;
-} list_ctx;
-
 static int list_entry(void *ctx, const idem_admin_entry *e)
 {
-	list_ctx *l = ctx;
+	cli_list *l = ctx;
 	char when[32];
 
 	cli_time(when, e->created_at_ms);
@@ -164,36 +158,8 @@ static int list_entry(void *ctx, const idem_admin_entry *e)
 
 static int list(const cli_globals *g, int argc, char **argv)
 {
-	idem_store *store = NULL;
-	idem_pay *pay = NULL;
-	list_ctx l = {g->json, NULL, 0};
-	int rc;
-
 	(void)argv;
-	if (argc != 0)
-		return cli_usage_error("channel list takes no arguments");
-	if ((rc = cli_open(g, &store, &pay)) != 0)
-		return rc;
-	if (g->json && !(l.list = json_array())) {
-		rc = cli_fail("cannot list channels", IDEM_ENOMEM);
-		goto done;
-	}
-	if (!g->json)
-		printf("%-32s  %s\n", "CHANNEL", "CREATED_AT");
-	if ((rc = idem_admin_channel_list(pay, list_entry, &l)) < 0) {
-		rc = cli_fail("cannot list channels", rc);
-		goto done;
-	}
-	if (g->json) {
-		rc = cli_print_json(json_pack("{s:o}", "channels", l.list));
-		l.list = NULL;
-	} else {
-		printf("%lld channel%s\n", (long long)l.n, l.n == 1 ? "" : "s");
-	}
-done:
-	json_decref(l.list);
-	cli_close(store, pay);
-	return rc;
+	return cli_list_run(g, argc, "channel", idem_admin_channel_list, list_entry, "%-32s  %s\n", "CHANNEL", "CREATED_AT");
 }
 
 static int rotate(const cli_globals *g, int argc, char **argv)

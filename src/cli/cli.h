@@ -73,6 +73,22 @@ void cli_time(char out[32], int64_t ms);
 /* Print obj compactly on stdout and release it; 1 when it could not be built. */
 int cli_print_json(json_t *obj);
 
+/* `<noun> list` (merchant list, channel list): the state an entry callback
+ * gets. Under --json each entry is appended to list; else printed as a row. */
+typedef struct {
+	int json;
+	json_t *list;
+	int64_t n; /* entries seen */
+} cli_list;
+
+/* Run `<noun> list`: no arguments; the header row (text only, from fmt and
+ * its column names), every entry through entry (ctx: a cli_list), then
+ * "N <noun>s", or under --json {"<noun>s": [...]}. Returns the exit code. */
+int cli_list_run(const cli_globals *g, int argc, const char *noun,
+                 int (*list)(idem_pay *pay, idem_admin_entry_fn fn, void *ctx),
+                 idem_admin_entry_fn entry, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+
 /* A progress line on stderr, drawn only when stderr is a terminal. */
 typedef struct {
 	int on;

@@ -104,15 +104,9 @@ static int add(const cli_globals *g, int argc, char **argv)
 	return rc;
 }
 
-typedef struct {
-	int json;
-	json_t *list;
-	int64_t n;
-} list_ctx;
-
 static int list_entry(void *ctx, const idem_admin_entry *e)
 {
-	list_ctx *l = ctx;
+	cli_list *l = ctx;
 	char when[32], id[4 * 64 + 1], name[4 * 256 + 1];
 
 	cli_time(when, e->created_at_ms);
@@ -131,36 +125,8 @@ static int list_entry(void *ctx, const idem_admin_entry *e)
 
 static int list(const cli_globals *g, int argc, char **argv)
 {
-	idem_store *store = NULL;
-	idem_pay *pay = NULL;
-	list_ctx l = {g->json, NULL, 0};
-	int rc;
-
 	(void)argv;
-	if (argc != 0)
-		return cli_usage_error("merchant list takes no arguments");
-	if ((rc = cli_open(g, &store, &pay)) != 0)
-		return rc;
-	if (g->json && !(l.list = json_array())) {
-		rc = cli_fail("cannot list merchants", IDEM_ENOMEM);
-		goto done;
-	}
-	if (!g->json)
-		printf("%-36s  %-24s  %s\n", "MERCHANT_ID", "CREATED_AT", "NAME");
-	if ((rc = idem_admin_merchant_list(pay, list_entry, &l)) < 0) {
-		rc = cli_fail("cannot list merchants", rc);
-		goto done;
-	}
-	if (g->json) {
-		rc = cli_print_json(json_pack("{s:o}", "merchants", l.list));
-		l.list = NULL;
-	} else {
-		printf("%lld merchant%s\n", (long long)l.n, l.n == 1 ? "" : "s");
-	}
-done:
-	json_decref(l.list);
-	cli_close(store, pay);
-	return rc;
+	return cli_list_run(g, argc, "merchant", idem_admin_merchant_list, list_entry, "%-36s  %-24s  %s\n", "MERCHANT_ID", "CREATED_AT", "NAME");
 }
 
 static int rotate(const cli_globals *g, int argc, char **argv)

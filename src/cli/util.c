@@ -1,7 +1,8 @@
 /*
  * cli/util.c: what idemctl's commands share: option values, numbers and
- * durations parsed with full checks, JSON output, and a progress line that
- * is drawn only on a terminal (a pipe or a log file never sees it).
+ * durations parsed with full checks, JSON output, the frame of the `list`
+ * commands (header, rows, count), and a progress line that is drawn only on
+ * a terminal (a pipe or a log file never sees it).
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -161,4 +162,46 @@ void cli_progress_end(cli_progress *p)
 		return;
 	fputs("\r\033[K", stderr);
 	fflush(stderr);
+}
+
+int cli_list_run(const cli_globals *g, int argc, const char *noun,
+                 int (*list)(idem_pay *pay, idem_admin_entry_fn fn, void *ctx),
+                 idem_admin_entry_fn entry, const char *fmt, ...)
+{
+	idem_store *store = NULL;
+	idem_pay *pay = NULL;
+	cli_list l = {g->json, NULL, 0};
+	char what[64], plural[32];
+	va_list ap;
+	int rc;
+
+	if (argc != 0)
+		return cli_usage_error("%s list takes no arguments", noun);
+	snprintf(plural, sizeof(plural), "%ss", noun);
+	snprintf(what, sizeof(what), "cannot list %s", plural);
+	if ((rc = cli_open(g, &store, &pay)) != 0)
+		return rc;
+	if (g->json && !(l.list = json_array())) {
+		rc = cli_fail(what, IDEM_ENOMEM);
+		goto done;
+	}
+	if (!g->json) {
+		va_start(ap, fmt);
+		vprintf(fmt, ap);
+		va_end(ap);
+	}
+	if ((rc = list(pay, entry, &l)) < 0) {
+		rc = cli_fail(what, rc);
+		goto done;
+	}
+	if (g->json) {
+		rc = cli_print_json(json_pack("{s:o}", plural, l.list));
+		l.list = NULL;
+	} else {
+		printf("%lld %s%s\n", (long long)l.n, noun, l.n == 1 ? "" : "s");
+	}
+done:
+	json_decref(l.list);
+	cli_close(store, pay);
+	return rc;
 }

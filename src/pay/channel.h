@@ -90,6 +90,16 @@ void pay__sweep_count(idem_pay *pay, const char *outcome);
 
 /* ---- the flows (chanpay.c) ---- */
 
+/*
+ * The payment id (of merchant; NULL: any) as it is now in txn, as the answer
+ * with status: the one builder of the "201 with the payment" that a
+ * completed channel call, a retry after the payment resolved and the
+ * sweeper's settled record all store. IDEM_ENOTFOUND (resp untouched, no
+ * error detail set) when there is no such payment.
+ */
+int pay__payment_answer(idem_pay *pay, idem_txn *txn, const char *merchant, const char *id,
+                        int status, idem_response *resp);
+
 typedef struct pay__chjob pay__chjob;
 
 /* How one kind of two-phase channel request runs (payments, refunds). */

@@ -170,22 +170,42 @@ int pay__own_row(idem_txn *txn, const char *table, const char *id, const idem_re
  * channel's refusal (ORDER_CLOSED when the sweeper closed it). 1 when
  * answered; 0 when the payment is another request's (the backstop's case).
  */
+/* The payment row p as the answer with status. */
+static int payment_json(idem_response *resp, int status, const pay__payment *p)
+{
+	json_t *obj = pay__payment_object(p);
+	int rc;
+
+	if (!obj)
+		return idem__error(IDEM_ENOMEM, "out of memory");
+	rc = pay__json(resp, status, obj);
+	json_decref(obj);
+	return rc;
+}
+
+int pay__payment_answer(idem_pay *pay, idem_txn *txn, const char *merchant, const char *id,
+                        int status, idem_response *resp)
+{
+	pay__payment p = {0};
+	int rc;
+
+	if ((rc = pay__payment_load(pay, txn, &p, merchant, id)) == 0)
+		rc = p.found ? payment_json(resp, status, &p) : IDEM_ENOTFOUND;
+	pay__payment_clear(&p);
+	return rc;
+}
+
 static int own_payment(idem_txn *txn, pay__op *c, const pay__payment *p, idem_response *resp)
 {
 	pay__key_code k;
-	json_t *obj;
 	int rc;
 
 	if ((rc = pay__own_row(txn, "payments", p->id, &c->req, &k)) <= 0)
 		return rc;
 	if (strcmp(p->status, "failed") == 0 && k.code[0])
 		rc = pay__declined_problem(resp, k.code);
-	else if (!(obj = pay__payment_object(p)))
-		rc = idem__error(IDEM_ENOMEM, "out of memory");
-	else {
-		rc = pay__json(resp, 201, obj);
-		json_decref(obj);
-	}
+	else
+		rc = payment_json(resp, 201, p);
 	return rc < 0 ? rc : 1;
 }
 
@@ -243,24 +263,10 @@ done:
 static int answer_payment(idem_txn *txn, pay__op *c, const char *id, int status,
                           idem_response *resp)
 {
-	pay__payment p = {0};
-	json_t *obj = NULL;
-	int rc;
+	int rc = pay__payment_answer(c->pay, txn, c->rq->caller, id, status, resp);
 
-	if ((rc = pay__payment_load(c->pay, txn, &p, c->rq->caller, id)) < 0)
-		goto done;
-	if (!p.found) {
+	if (rc == IDEM_ENOTFOUND)
 		rc = idem__error(IDEM_ESTORE, "payment %s vanished", id);
-		goto done;
-	}
-	if (!(obj = pay__payment_object(&p))) {
-		rc = idem__error(IDEM_ENOMEM, "out of memory");
-		goto done;
-	}
-	rc = pay__json(resp, status, obj);
-done:
-	json_decref(obj);
-	pay__payment_clear(&p);
 	return rc;
 }
 

@@ -278,6 +278,31 @@ void pay__start(pay__op *op, const char *type, const char *natural, int64_t ttl_
 int pay__saga_debit(idem_txn *txn, pay__op *c, const char *to, int to_shard,
                     idem_response *resp);
 
+/* A transfer as its answer shows it: a row of transfers (transfers.c) or of
+ * transfer_outbox (saga.c). */
+typedef struct {
+	char id[IDEM_PAY_ID_SIZE], no[72], from[IDEM_PAY_ID_SIZE], to[IDEM_PAY_ID_SIZE];
+	char currency[8], status[16], fp[IDEM_FINGERPRINT_LEN + 1];
+	int64_t amount, created_at;
+	int to_shard; /* transfer_outbox only */
+	int found;
+} pay__transfer_row;
+
+/* The transfer's API object as the answer, with HTTP status. */
+int pay__transfer_answer(idem_response *resp, int status, const pay__transfer_row *t);
+
+/*
+ * The debit's decision, local or the saga's, taken under the payer's lock
+ * with t read by (payer, transfer_no): 1 and resp set when that is the
+ * answer (t found: 200 with it when its fingerprint is fp, else 409
+ * business_key_conflict naming it; the payer's balance in currency below
+ * amount: 409 insufficient_balance); 0 to go on and write the transfer;
+ * negative on error.
+ */
+int pay__transfer_check(idem_txn *txn, const pay__transfer_row *t, const char *fp,
+                        const char *payer, const char *currency, int64_t amount,
+                        idem_response *resp);
+
 /* The synchronous form of an async write: wait for its answer. */
 typedef void (*pay__async_fn)(idem_pay *, const idem_pay_request *, idem_done_fn, void *);
 int pay__wait(idem_result *out, idem_pay *pay, const idem_pay_request *rq, pay__async_fn fn);

@@ -41,12 +41,7 @@ struct pay__saga {
 
 /* ---- step 1: the debit and the outbox row (the request's unit) ---------- */
 
-typedef struct {
-	char id[IDEM_PAY_ID_SIZE], no[72], from[IDEM_PAY_ID_SIZE], to[IDEM_PAY_ID_SIZE];
-	char currency[8], status[16], fp[IDEM_FINGERPRINT_LEN + 1];
-	int64_t amount, created_at;
-	int to_shard, found;
-} outbox_row;
+typedef pay__transfer_row outbox_row;
 
 #define OUTBOX_COLS                                                                             \
 	"SELECT id, transfer_no, from_merchant, to_merchant, to_shard, amount, currency, status," \
@@ -72,24 +67,6 @@ static int read_outbox(void *ctx, const idem_value *c, int n)
 	return 1;
 }
 
-static int answer_outbox(idem_response *resp, int status, const outbox_row *o)
-{
-	char created[32];
-	json_t *obj;
-	int rc;
-
-	pay__time(created, o->created_at);
-	obj = json_pack("{s:s, s:s, s:s, s:s, s:s, s:I, s:s, s:s, s:s}", "id", o->id, "object",
-	                "transfer", "transfer_no", o->no, "from_merchant", o->from, "to_merchant",
-	                o->to, "amount", (json_int_t)o->amount, "currency", o->currency, "status",
-	                o->status, "created_at", created);
-	if (!obj)
-		return idem__error(IDEM_ENOMEM, "out of memory");
-	rc = pay__json(resp, status, obj);
-	json_decref(obj);
-	return rc;
-}
-
 static void saga_kick(idem_pay *router)
 {
 	if (router && router->saga)
@@ -102,7 +79,7 @@ int pay__saga_debit(idem_txn *txn, pay__op *c, const char *to, int to_shard, ide
 	json_t *d = c->doc;
 	const char *from = c->rq->caller, *currency = pay__str(d, "currency");
 	const char *no = pay__str(d, "transfer_no");
-	int64_t amount = pay__int(d, "amount"), now = pay__now(pay), balance = 0;
+	int64_t amount = pay__int(d, "amount"), now = pay__now(pay);
 	idem_value k[2] = {IDEM_V_TEXT(from), IDEM_V_TEXT(no)};
 	outbox_row o = {0};
 	int rc;
@@ -111,27 +88,9 @@ int pay__saga_debit(idem_txn *txn, pay__op *c, const char *to, int to_shard, ide
 		return rc;
 	/* Under the payer's lock no other transfer of it runs: the read decides. */
 	if ((rc = idem_txn_query(txn, OUTBOX_COLS "WHERE from_merchant = ? AND transfer_no = ?", k,
-	                         2, read_outbox, &o)) < 0)
-		return rc;
-	if (o.found) {
-		char *body = NULL;
-		size_t len = 0;
-
-		if (strcmp(o.fp, c->fp) == 0)
-			return answer_outbox(resp, 200, &o);
-		rc = idem_pay_problem(&body, &len, 409, "business_key_conflict",
-		                      "a different transfer already uses this transfer_no",
-		                      "existing_id", o.id);
-		if (rc == 0)
-			rc = idem_response_set(resp, 409, body, len);
-		free(body);
-		return rc;
-	}
-	if ((rc = pay__balance(txn, from, currency, &balance)) < 0)
-		return rc;
-	if (balance < amount)
-		return pay__problem(resp, 409, "insufficient_balance",
-		                    "the balance cannot cover this transfer");
+	                         2, read_outbox, &o)) < 0 ||
+	    (rc = pay__transfer_check(txn, &o, c->fp, from, currency, amount, resp)) != 0)
+		return rc < 0 ? rc : 0;
 	if ((rc = pay__new_id(o.id, "tr_", pay->shard)) < 0)
 		return rc;
 	{
@@ -154,7 +113,7 @@ int pay__saga_debit(idem_txn *txn, pay__op *c, const char *to, int to_shard, ide
 	                         2, read_outbox, &o)) < 0)
 		return rc;
 	saga_kick(pay->router); /* the driver looks again soon (after this COMMIT) */
-	return answer_outbox(resp, 202, &o);
+	return pay__transfer_answer(resp, 202, &o);
 }
 
 /* ---- step 2: the credit on the payee's shard (a unit of its own) -------- */

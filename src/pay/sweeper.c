@@ -142,34 +142,23 @@ typedef struct {
 static int settle_record(idem_txn *txn, resolve *r)
 {
 	idem_response resp = {0, NULL, 0, 1};
-	pay__payment p = {0};
-	json_t *obj = NULL;
 	int rc, settled = 0;
 
 	if (!r->c->key[0])
 		return 0;
-	if (!r->status) {
+	if (!r->status)
 		rc = pay__declined_problem(&resp, "ORDER_CLOSED");
-	} else {
-		if ((rc = pay__payment_load(r->pay, txn, &p, r->c->merchant, r->c->id)) < 0)
-			goto done;
-		if (!p.found || !(obj = pay__payment_object(&p))) {
-			rc = p.found ? idem__error(IDEM_ENOMEM, "out of memory") : 0;
-			goto done;
-		}
-		rc = pay__json(&resp, 201, obj);
-	}
+	else if ((rc = pay__payment_answer(r->pay, txn, r->c->merchant, r->c->id, 201, &resp)) ==
+	         IDEM_ENOTFOUND)
+		rc = 1; /* nothing to settle */
 	if (rc == 0)
 		rc =
 		    idem_record_settle(txn, r->c->merchant, "payment", r->c->key, strlen(r->c->key),
 		                       resp.http_status, resp.body, resp.body_len, &settled);
 	if (rc == 0 && settled && !r->outcome)
 		r->outcome = "settled";
-done:
-	json_decref(obj);
 	free(resp.body);
-	pay__payment_clear(&p);
-	return rc;
+	return rc < 0 ? rc : 0;
 }
 
 static int resolve_step(idem_txn *txn, void *ctx)

@@ -10,12 +10,7 @@
 #include "pay/internal.h"
 #include "util/error.h"
 
-typedef struct {
-	char id[IDEM_PAY_ID_SIZE], transfer_no[72], from[IDEM_PAY_ID_SIZE], to[IDEM_PAY_ID_SIZE];
-	char currency[8], status[16], fingerprint[IDEM_FINGERPRINT_LEN + 1];
-	int64_t amount, created_at;
-	int found;
-} transfer_row;
+typedef pay__transfer_row transfer_row;
 
 static int read_transfer(void *ctx, const idem_value *c, int n)
 {
@@ -24,13 +19,13 @@ static int read_transfer(void *ctx, const idem_value *c, int n)
 	if (n != 9)
 		return idem__error(IDEM_ESTORE, "transfer row has %d columns", n);
 	pay__col_text(t->id, sizeof(t->id), &c[0]);
-	pay__col_text(t->transfer_no, sizeof(t->transfer_no), &c[1]);
+	pay__col_text(t->no, sizeof(t->no), &c[1]);
 	pay__col_text(t->from, sizeof(t->from), &c[2]);
 	pay__col_text(t->to, sizeof(t->to), &c[3]);
 	t->amount = c[4].i;
 	pay__col_text(t->currency, sizeof(t->currency), &c[5]);
 	pay__col_text(t->status, sizeof(t->status), &c[6]);
-	pay__col_text(t->fingerprint, sizeof(t->fingerprint), &c[7]);
+	pay__col_text(t->fp, sizeof(t->fp), &c[7]);
 	t->created_at = c[8].i;
 	t->found = 1;
 	return 1;
@@ -49,7 +44,7 @@ static int load_transfer(idem_txn *txn, transfer_row *t, const char *from, const
 	    p, 2, read_transfer, t);
 }
 
-static int answer_transfer(idem_response *resp, int status, const transfer_row *t)
+int pay__transfer_answer(idem_response *resp, int status, const pay__transfer_row *t)
 {
 	char created[32];
 	json_t *obj;
@@ -57,14 +52,44 @@ static int answer_transfer(idem_response *resp, int status, const transfer_row *
 
 	pay__time(created, t->created_at);
 	obj = json_pack("{s:s, s:s, s:s, s:s, s:s, s:I, s:s, s:s, s:s}", "id", t->id, "object",
-	                "transfer", "transfer_no", t->transfer_no, "from_merchant", t->from,
-	                "to_merchant", t->to, "amount", (json_int_t)t->amount, "currency",
-	                t->currency, "status", t->status, "created_at", created);
+	                "transfer", "transfer_no", t->no, "from_merchant", t->from, "to_merchant",
+	                t->to, "amount", (json_int_t)t->amount, "currency", t->currency, "status",
+	                t->status, "created_at", created);
 	if (!obj)
 		return idem__error(IDEM_ENOMEM, "out of memory");
 	rc = pay__json(resp, status, obj);
 	json_decref(obj);
 	return rc;
+}
+
+int pay__transfer_check(idem_txn *txn, const pay__transfer_row *t, const char *fp,
+                        const char *payer, const char *currency, int64_t amount,
+                        idem_response *resp)
+{
+	int64_t balance = 0;
+	int rc;
+
+	if (t->found) {
+		char *body = NULL;
+		size_t len = 0;
+
+		if (strcmp(t->fp, fp) == 0)
+			rc = pay__transfer_answer(resp, 200, t);
+		else if ((rc =
+		              idem_pay_problem(&body, &len, 409, "business_key_conflict",
+		                               "a different transfer already uses this transfer_no",
+		                               "existing_id", t->id)) == 0)
+			rc = idem_response_set(resp, 409, body, len);
+		free(body);
+		return rc < 0 ? rc : 1;
+	}
+	if ((rc = pay__balance(txn, payer, currency, &balance)) < 0)
+		return rc;
+	if (balance >= amount)
+		return 0;
+	rc = pay__problem(resp, 409, "insufficient_balance",
+	                  "the balance cannot cover this transfer");
+	return rc < 0 ? rc : 1;
 }
 
 static int transfer_work(idem_txn *txn, void *vctx, idem_response *resp)
@@ -74,7 +99,7 @@ static int transfer_work(idem_txn *txn, void *vctx, idem_response *resp)
 	const char *from = c->rq->caller, *to = pay__str(d, "to_merchant");
 	const char *currency = pay__str(d, "currency"), *no = pay__str(d, "transfer_no");
 	const char *first = strcmp(from, to) < 0 ? from : to, *second = first == from ? to : from;
-	int64_t amount = pay__int(d, "amount"), now = pay__now(c->pay), balance = 0;
+	int64_t amount = pay__int(d, "amount"), now = pay__now(c->pay);
 	transfer_row t;
 	int rc;
 
@@ -87,27 +112,9 @@ static int transfer_work(idem_txn *txn, void *vctx, idem_response *resp)
 	if (rc < 0)
 		return rc;
 	/* Under the sender's lock no other transfer of it runs: the read decides. */
-	if ((rc = load_transfer(txn, &t, from, no)) < 0)
-		return rc;
-	if (t.found) {
-		char *body = NULL;
-		size_t len = 0;
-
-		if (strcmp(t.fingerprint, c->fp) == 0)
-			return answer_transfer(resp, 200, &t);
-		rc = idem_pay_problem(&body, &len, 409, "business_key_conflict",
-		                      "a different transfer already uses this transfer_no",
-		                      "existing_id", t.id);
-		if (rc == 0)
-			rc = idem_response_set(resp, 409, body, len);
-		free(body);
-		return rc;
-	}
-	if ((rc = pay__balance(txn, from, currency, &balance)) < 0)
-		return rc;
-	if (balance < amount)
-		return pay__problem(resp, 409, "insufficient_balance",
-		                    "the balance cannot cover this transfer");
+	if ((rc = load_transfer(txn, &t, from, no)) < 0 ||
+	    (rc = pay__transfer_check(txn, &t, c->fp, from, currency, amount, resp)) != 0)
+		return rc < 0 ? rc : 0;
 	{
 		int fits = 0;
 
@@ -135,7 +142,7 @@ static int transfer_work(idem_txn *txn, void *vctx, idem_response *resp)
 	    (rc = pay__post(txn, to, currency, amount, "transfer_in", t.id, now)) < 0 ||
 	    (rc = load_transfer(txn, &t, from, no)) < 0)
 		return rc;
-	return answer_transfer(resp, 201, &t);
+	return pay__transfer_answer(resp, 201, &t);
 }
 
 /* A transfer to another shard: step 1 of the saga (pay/saga.c). */
