@@ -163,13 +163,6 @@ int pay__own_row(idem_txn *txn, const char *table, const char *id, const idem_re
 	return strlen(out->key) == req->key_len && memcmp(out->key, req->key, req->key_len) == 0;
 }
 
-/*
- * A payment resolved since this key's last attempt (by the sweeper or a
- * notification, after a 503 released the claim): the retry gets the answer
- * the first attempt would have had, 201 with the payment, or the 402 of the
- * channel's refusal (ORDER_CLOSED when the sweeper closed it). 1 when
- * answered; 0 when the payment is another request's (the backstop's case).
- */
 /* The payment row p as the answer with status. */
 static int payment_json(idem_response *resp, int status, const pay__payment *p)
 {
@@ -195,6 +188,13 @@ int pay__payment_answer(idem_pay *pay, idem_txn *txn, const char *merchant, cons
 	return rc;
 }
 
+/*
+ * A payment resolved since this key's last attempt (by the sweeper or a
+ * notification, after a 503 released the claim): the retry gets the answer
+ * the first attempt would have had, 201 with the payment, or the 402 of the
+ * channel's refusal (ORDER_CLOSED when the sweeper closed it). 1 when
+ * answered; 0 when the payment is another request's (the backstop's case).
+ */
 static int own_payment(idem_txn *txn, pay__op *c, const pay__payment *p, idem_response *resp)
 {
 	pay__key_code k;
