@@ -99,6 +99,29 @@ IDEM_EXTERN int idem_store_schema_latest(const idem_store *store);
 /* Cheap liveness check of the store (for /healthz). 0 when reachable. */
 IDEM_EXTERN int idem_store_ping(idem_store *store);
 
+/*
+ * One deadline per request, on the calling thread. idem_deadline_begin
+ * starts a request: every store call this thread makes until
+ * idem_deadline_end (pool waits, connects, reads, statements, COMMIT, and a
+ * write it queues for group commit, whose unit carries the deadline to its
+ * writer) ends by now + store's request_timeout_ms, the request's arrival
+ * plus its timeout, instead of each call getting a fresh bound of its own.
+ * Each begin replaces what the thread held, so nothing of an earlier
+ * request (a deadline left past) carries into the next. A store without
+ * request_timeout_ms, or NULL, leaves the thread without one. The ping
+ * (idem_store_ping) keeps its own short bound either way.
+ */
+IDEM_EXTERN void idem_deadline_begin(const idem_store *store);
+IDEM_EXTERN void idem_deadline_end(void);
+
+/*
+ * Carrying a request's deadline to another thread (a worker pool):
+ * idem_deadline_get returns the calling thread's (monotonic µs, 0: none);
+ * idem_deadline_adopt(d) makes d the calling thread's, 0 clearing it.
+ */
+IDEM_EXTERN int64_t idem_deadline_get(void);
+IDEM_EXTERN void idem_deadline_adopt(int64_t deadline);
+
 /* The store's clock, in milliseconds since the epoch. */
 IDEM_EXTERN int64_t idem_store_now(const idem_store *store);
 

@@ -130,6 +130,30 @@ int idem_store_ping(idem_store *store)
 	return store->ops->ping(store->be);
 }
 
+void idem_deadline_begin(const idem_store *store)
+{
+	int64_t d = 0;
+
+	if (store && store->opts.request_timeout_ms > 0)
+		d = idem__clock_monotonic_us() + (int64_t)store->opts.request_timeout_ms * 1000;
+	idem__backend_deadline_set(d);
+}
+
+void idem_deadline_end(void)
+{
+	idem__backend_deadline_set(0);
+}
+
+int64_t idem_deadline_get(void)
+{
+	return idem__backend_deadline();
+}
+
+void idem_deadline_adopt(int64_t deadline)
+{
+	idem__backend_deadline_set(deadline);
+}
+
 int idem_store_purge(idem_store *store, int batch, int max_batches, int64_t *deleted_out)
 {
 	int64_t total = 0;

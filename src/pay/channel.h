@@ -72,6 +72,7 @@ typedef struct pay__job pay__job;
 struct pay__job {
 	void (*run)(pay__job *job, CURL *h); /* on a worker; frees job */
 	pay__job *next;
+	int64_t deadline; /* the submitting request's (idem_deadline_get), 0: none */
 };
 
 typedef struct pay__pool pay__pool;

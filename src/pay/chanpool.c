@@ -3,7 +3,9 @@
  * of workers, each with its own curl handle (so connections to a channel
  * are kept alive and reused), take jobs from one queue with a hard limit: a
  * job that does not fit is refused at once (the caller answers 503), never
- * queued without bound and never given a thread of its own.
+ * queued without bound and never given a thread of its own. A job runs
+ * under the deadline of the request that submitted it (its queue wait
+ * counts), never under an earlier job's.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -42,7 +44,11 @@ static void *worker_main(void *arg)
 		pthread_mutex_unlock(&p->lock);
 		if (!h)
 			h = curl_easy_init(); /* may still be NULL: the job answers unknown */
+		/* The request's deadline bounds its store calls here too (the
+		 * claim, the completion): run frees job, so it is taken first. */
+		idem_deadline_adopt(job->deadline);
 		job->run(job, h);
+		idem_deadline_adopt(0);
 	}
 	if (h)
 		curl_easy_cleanup(h);
@@ -82,6 +88,7 @@ int pay__pool_submit(pay__pool *p, pay__job *job)
 	int rc = 0;
 
 	job->next = NULL;
+	job->deadline = idem_deadline_get(); /* the caller's request, carried over */
 	pthread_mutex_lock(&p->lock);
 	if (p->stopping || p->depth >= p->queue_max) {
 		rc = IDEM_ERETRY;

@@ -10,6 +10,7 @@
 
 #include "pay/channel.h"
 #include "pay/internal.h"
+#include "util/clock.h"
 #include "util/error.h"
 #include "util/waiter.h"
 
@@ -86,6 +87,17 @@ void pay__op_done(pay__op *op, int rc, idem_result *res)
 	on_done(op, rc, res);
 }
 
+void pay__claim_abort(idem_claim *claim)
+{
+	int64_t d = idem_deadline_get(), grace;
+
+	grace = idem__clock_monotonic_us() + PAY__ABORT_GRACE_MS * 1000LL;
+	if (d && d < grace)
+		idem_deadline_adopt(grace);
+	idem_claim_abort(claim);
+	idem_deadline_adopt(d);
+}
+
 static void two_phase_done(idem_pay *pay)
 {
 	pthread_mutex_lock(&pay->channels_lock);
@@ -107,7 +119,7 @@ static void *two_phase_main(void *arg)
 		op->before_work(op->pay);
 		rc = idem_claim_finish(&res, claim, op->work, op);
 		if (rc < 0 && rc != IDEM_ELEASE)
-			idem_claim_abort(claim); /* best effort; else the lease runs out */
+			pay__claim_abort(claim); /* best effort; else the lease runs out */
 		if (rc == IDEM_ELEASE) /* someone took over and will answer: ask to retry */
 			rc = idem__error(IDEM_ERETRY, "lease lost while calling the channel");
 		idem_claim_free(claim);

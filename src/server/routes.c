@@ -384,26 +384,35 @@ int route_prepare(server_state *s, http_req *r, const char *method, const char *
                   route_match *m, http_answer *a)
 {
 	const route *found;
+	int rc = 0;
 
 	memset(m, 0, sizeof(*m));
 	a->outcome = "-";
-	if (!(found = find_route(method, path, m, a)))
-		return -1;
-	m->handler = found->handler;
-	if (found->auth == AUTH_BEARER)
-		return authenticate(s, r, m, a);
-	if (found->auth == AUTH_SIGNATURE && !req_header(r, "X-Signature", NULL)) {
-		/* The signature itself is checked once the body is in. */
-		answer_problem(a, 401, "invalid_signature", "X-Signature is required");
-		a->www_auth = WWW_AUTH_SIGNATURE;
-		return -1;
+	/* The request's one deadline, from its arrival: the key lookup, every
+	 * read and the write it queues all end by it (idem_deadline_begin). */
+	idem_deadline_begin(s->store);
+	if (!(found = find_route(method, path, m, a))) {
+		rc = -1;
+	} else {
+		m->handler = found->handler;
+		if (found->auth == AUTH_BEARER) {
+			rc = authenticate(s, r, m, a);
+		} else if (found->auth == AUTH_SIGNATURE && !req_header(r, "X-Signature", NULL)) {
+			/* The signature itself is checked once the body is in. */
+			answer_problem(a, 401, "invalid_signature", "X-Signature is required");
+			a->www_auth = WWW_AUTH_SIGNATURE;
+			rc = -1;
+		}
 	}
-	return 0;
+	if (rc != 0)
+		idem_deadline_end(); /* answered now: the request ends here */
+	return rc;
 }
 
 void route_run(server_state *s, http_req *r, route_match *m, http_answer *a)
 {
 	m->handler(s, r, m, a);
+	idem_deadline_end(); /* a queued write's unit carries its own copy */
 }
 
 int route_check_media(http_req *r, const char *method, http_answer *a)

@@ -260,14 +260,16 @@ int idem__net_schema_version(idem__backend *be, int *out)
  * SELECT 1 on the ping's own connection, all of it (waiting for that
  * connection, reconnecting, the answer) within IDEM__NET_PING_MS: /healthz
  * says 503 promptly while every other connection hangs on a frozen server.
+ * Its own bound only, never the thread's request deadline: one a request
+ * left behind (past) must not fail a ping at once.
  */
 int idem__net_ping(idem__backend *be)
 {
+	int64_t deadline = idem__clock_monotonic_us() + (int64_t)IDEM__NET_PING_MS * 1000;
 	idem__netconn *c = NULL;
 	int fresh = 0, rc;
 
-	if ((rc = idem__net_take(be, IDEM__NET_PING, idem__net_deadline(IDEM__NET_PING_MS), &c,
-				 &fresh)) < 0)
+	if ((rc = idem__net_take(be, IDEM__NET_PING, deadline, &c, &fresh)) < 0)
 		return rc;
 	rc = be->drv->run(c, "SELECT 1", NULL, 0, NULL, NULL, NULL);
 	idem__net_give(be, c);

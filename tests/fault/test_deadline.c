@@ -1,0 +1,253 @@
+/*
+ * tests/fault/test_deadline.c: one deadline per request, from its arrival
+ * (idem_deadline_begin, which idemd calls when a request's head is in), for
+ * every store call the request makes: the reads before its write (the API
+ * key, the payment a notification credits) no longer hand the write a fresh
+ * bound of its own (issue 13: answers up to 6.8 s past the deadline after a
+ * black hole). And a deadline a request left behind never fails the next
+ * request's calls, nor a ping.
+ *
+ * Nothing here measures time: a request is made to outlive its deadline by
+ * sleeping past it before the write, and must then be answered unavailable
+ * with nothing written; the checks that a call succeeds run well inside a
+ * generous deadline. Runs on SQLite by default (group commit, whose units
+ * carry the deadline), on PostgreSQL / MariaDB with IDEM_TEST_URL=postgres |
+ * mariadb (there the reads themselves are bounded too).
+ */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "support.h"
+
+/* Long enough that a call made at once never misses it on a loaded machine. */
+#define DEADLINE_MS 2000
+
+typedef struct {
+	char *url;
+	idem_store *store;
+	idem_pay *pay;
+	char merchant[IDEM_PAY_ID_SIZE];
+	char key[IDEM_PAY_SECRET_SIZE];
+	char secret[IDEM_PAY_SECRET_SIZE];
+} fixture;
+
+static void sleep_past_deadline(void)
+{
+	struct timespec ts = {DEADLINE_MS / 1000 + 1, 0};
+
+	while (nanosleep(&ts, &ts) != 0)
+		;
+}
+
+static int setup(void **state)
+{
+	fixture *f = calloc(1, sizeof(*f));
+	idem_store_opts opts = IDEM_STORE_OPTS_INIT;
+	int rc;
+
+	if (!f)
+		return -1;
+	f->url = test_db_url();
+	opts.request_timeout_ms = DEADLINE_MS;
+	opts.batch_max = 8; /* group commit: the unit carries the request's deadline */
+	opts.writers = 1;
+	if ((rc = idem_store_open(&f->store, f->url, &opts)) != 0 ||
+	    (rc = idem_pay_open(&f->pay, f->store, NULL)) != 0 ||
+	    (rc = idem_pay_merchant_add(f->pay, "deadline", f->merchant, f->key)) != 0 ||
+	    (rc = idem_pay_channel_add(f->pay, "wx", f->secret)) != 0) {
+		fprintf(stderr, "setup: %d %s\n", rc, idem_error_last()->message);
+		return -1;
+	}
+	*state = f;
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	fixture *f = *state;
+
+	idem_deadline_end();
+	idem_pay_close(f->pay);
+	idem_store_close(f->store);
+	test_db_drop(f->url);
+	free(f->url);
+	free(f);
+	return 0;
+}
+
+static int write_as(idem_result *r, int (*fn)(idem_result *, idem_pay *, const idem_pay_request *),
+                    fixture *f, const char *caller, const char *key, const char *path,
+                    const char *body)
+{
+	idem_pay_request rq = {caller, key,  key ? strlen(key) : 0, 0, "POST",
+	                       path,   body, strlen(body)};
+
+	memset(r, 0, sizeof(*r));
+	return fn(r, f->pay, &rq);
+}
+
+static void payment_body(char *out, size_t n, const char *order)
+{
+	snprintf(out, n,
+	         "{\"merchant_order_no\":\"%s\",\"amount\":500,\"currency\":\"CNY\","
+	         "\"channel\":\"wx\"}",
+	         order);
+}
+
+static int payment_exists(fixture *f, const char *order)
+{
+	idem_result r = {0};
+	int rc, status;
+
+	idem_deadline_begin(f->store);
+	rc = idem_pay_find_payment(&r, f->pay, f->merchant, order);
+	idem_deadline_end();
+	assert_int_equal(rc, 0);
+	status = r.http_status;
+	idem_result_clear(&r);
+	assert_true(status == 200 || status == 404);
+	return status == 200;
+}
+
+/*
+ * The request arrived, authenticated, and its deadline passed before its
+ * write was made: the write is answered unavailable and never runs. Before
+ * the fix the write took a fresh 10 s of its own and was acknowledged late.
+ */
+static void test_write_after_deadline_unrun(void **state)
+{
+	fixture *f = *state;
+	char who[IDEM_PAY_ID_SIZE], body[256];
+	idem_result r;
+	int rc;
+
+	idem_deadline_begin(f->store);
+	assert_int_equal(idem_pay_authenticate(f->pay, f->key, strlen(f->key), who), 0);
+	sleep_past_deadline();
+	payment_body(body, sizeof(body), "late-1");
+	rc =
+	    write_as(&r, idem_pay_create_payment, f, f->merchant, "k-late-1", "/v1/payments", body);
+	idem_deadline_end();
+	assert_int_equal(rc, IDEM_EUNAVAIL);
+	idem_result_clear(&r);
+	assert_false(payment_exists(f, "late-1"));
+
+	/* The retry, a request of its own with a deadline of its own, runs once. */
+	idem_deadline_begin(f->store);
+	rc =
+	    write_as(&r, idem_pay_create_payment, f, f->merchant, "k-late-1", "/v1/payments", body);
+	idem_deadline_end();
+	assert_int_equal(rc, 0);
+	assert_int_equal(r.http_status, 201);
+	assert_int_equal(r.outcome, IDEM_FIRST);
+	idem_result_clear(&r);
+	assert_true(payment_exists(f, "late-1"));
+}
+
+/* The payment a notification credits is read first: that read's time counts. */
+static void test_notification_after_deadline_unrun(void **state)
+{
+	fixture *f = *state;
+	char body[320], id[64];
+	idem_result r;
+	json_t *doc;
+	int rc;
+
+	payment_body(body, sizeof(body), "late-2");
+	idem_deadline_begin(f->store);
+	rc =
+	    write_as(&r, idem_pay_create_payment, f, f->merchant, "k-late-2", "/v1/payments", body);
+	idem_deadline_end();
+	assert_int_equal(rc, 0);
+	assert_int_equal(r.http_status, 201);
+	doc = json_loadb((const char *)r.body, r.body_len, 0, NULL);
+	assert_non_null(doc);
+	snprintf(id, sizeof(id), "%s", json_string_value(json_object_get(doc, "id")));
+	json_decref(doc);
+	idem_result_clear(&r);
+
+	snprintf(body, sizeof(body),
+	         "{\"notify_id\":\"n-late-2\",\"payment_id\":\"%s\",\"channel_txn_id\":\"T-2\","
+	         "\"status\":\"SUCCESS\",\"amount\":500}",
+	         id);
+	idem_deadline_begin(f->store);
+	sleep_past_deadline();
+	rc = write_as(&r, idem_pay_notify, f, "wx", NULL, "/v1/notifications/wx", body);
+	idem_deadline_end();
+	assert_int_equal(rc, IDEM_EUNAVAIL);
+	idem_result_clear(&r);
+
+	/* Nothing was credited: the retry is the first execution. */
+	idem_deadline_begin(f->store);
+	rc = write_as(&r, idem_pay_notify, f, "wx", NULL, "/v1/notifications/wx", body);
+	idem_deadline_end();
+	assert_int_equal(rc, 0);
+	assert_int_equal(r.http_status, 200);
+	assert_int_equal(r.outcome, IDEM_FIRST);
+	idem_result_clear(&r);
+}
+
+/*
+ * A deadline a request left on the thread, past now: the next request's
+ * begin replaces it, an end clears it, and a ping never sees it.
+ */
+static void test_stale_deadline_never_inherited(void **state)
+{
+	fixture *f = *state;
+	char who[IDEM_PAY_ID_SIZE], body[256];
+	idem_result r;
+	int64_t v = 0;
+	int rc;
+
+	idem_deadline_begin(f->store);
+	sleep_past_deadline(); /* ... and no idem_deadline_end: left behind */
+	assert_true(idem_deadline_get() != 0);
+	assert_int_equal(idem_store_ping(f->store), 0);
+
+	/* The next request on this thread. */
+	idem_deadline_begin(f->store);
+	assert_int_equal(idem_pay_authenticate(f->pay, f->key, strlen(f->key), who), 0);
+	payment_body(body, sizeof(body), "late-3");
+	rc =
+	    write_as(&r, idem_pay_create_payment, f, f->merchant, "k-late-3", "/v1/payments", body);
+	assert_int_equal(rc, 0);
+	assert_int_equal(r.http_status, 201);
+	idem_result_clear(&r);
+
+	/* Ended, then past: nothing is left to bound the next call. */
+	sleep_past_deadline();
+	idem_deadline_end();
+	assert_int_equal(idem_deadline_get(), 0);
+	assert_int_equal(idem_store_ping(f->store), 0);
+	v = 0;
+	assert_int_equal(idem_store_query(f->store, "SELECT 1", NULL, 0, test_first_int, &v), 0);
+	assert_int_equal(v, 1);
+
+	/* Carried to another thread and back (the channel pool's way). */
+	idem_deadline_begin(f->store);
+	v = idem_deadline_get();
+	idem_deadline_adopt(0);
+	assert_int_equal(idem_deadline_get(), 0);
+	idem_deadline_adopt(v);
+	assert_int_equal(idem_deadline_get(), v);
+	idem_deadline_end();
+
+	/* A store without request_timeout_ms leaves the thread without one. */
+	idem_deadline_begin(NULL);
+	assert_int_equal(idem_deadline_get(), 0);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test_setup_teardown(test_write_after_deadline_unrun, setup, teardown),
+	    cmocka_unit_test_setup_teardown(test_notification_after_deadline_unrun, setup,
+	                                    teardown),
+	    cmocka_unit_test_setup_teardown(test_stale_deadline_never_inherited, setup, teardown),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
