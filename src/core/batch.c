@@ -62,6 +62,11 @@ typedef struct {
 struct idem__batch {
 	idem_store *store;
 	int nwriters;
+	/* The reaper (reaper_main), when units have a deadline or a queue timeout. */
+	pthread_mutex_t rlock;
+	pthread_cond_t rcond;
+	pthread_t reaper;
+	int rinit, rstarted, rstop;
 	writer w[];
 };
 
@@ -175,31 +180,138 @@ finish:
  * its own batch in turn, and answers would come minutes late instead of as
  * a prompt 503. Returns how many units are left to run, compacted.
  */
+static int stale(idem_store *s, unit *u, int64_t now)
+{
+	int64_t limit = (int64_t)s->opts.queue_timeout_ms * 1000;
+
+	if (past_deadline(s, u, now))
+		return 1;
+	if (limit <= 0 || now - u->queued_us <= limit)
+		return 0;
+	u->rc = idem__error(IDEM_EUNAVAIL,
+	                    "waited %lld ms for the store's writer (queue timeout %d ms)",
+	                    (long long)((now - u->queued_us) / 1000), s->opts.queue_timeout_ms);
+	u->err = *idem_error_last();
+	idem__store_count_error(s, u->rc);
+	return 1;
+}
+
 static int shed_stale(idem_store *s, unit **units, int n)
 {
-	int64_t limit = (int64_t)s->opts.queue_timeout_ms * 1000, now;
+	int64_t now = idem__clock_monotonic_us();
 	int kept = 0;
 
-	now = idem__clock_monotonic_us();
 	for (int i = 0; i < n; i++) {
-		unit *u = units[i];
-
-		if (past_deadline(s, u, now)) {
-			deliver(s, u);
-			continue;
-		}
-		if (limit <= 0 || now - u->queued_us <= limit) {
-			units[kept++] = u;
-			continue;
-		}
-		u->rc = idem__error(
-		    IDEM_EUNAVAIL, "waited %lld ms for the store's writer (queue timeout %d ms)",
-		    (long long)((now - u->queued_us) / 1000), s->opts.queue_timeout_ms);
-		u->err = *idem_error_last();
-		idem__store_count_error(s, u->rc);
-		deliver(s, u);
+		if (stale(s, units[i], now))
+			deliver(s, units[i]);
+		else
+			units[kept++] = units[i];
 	}
 	return kept;
+}
+
+/*
+ * The reaper. A writer sheds what it takes, but while it waits on a batch
+ * (up to its earliest unit's deadline: a server that stopped answering)
+ * the units queued behind it would learn their fate only when it returns,
+ * after their own deadlines: a request whose reads took most of its time
+ * and queued behind a batch of later arrivals was answered up to that much
+ * late. So every REAP_US this thread takes every queued unit whose deadline
+ * or queue timeout passed out of its queue and answers it, unrun: a queued
+ * unit has not started (the writer takes units out under the same lock
+ * before running any), so nothing of it is written, and each unit is
+ * answered exactly once by whoever unlinked it.
+ */
+#define REAP_US 100000
+
+static void reap(idem__batch *b)
+{
+	idem_store *s = b->store;
+
+	for (int i = 0; i < b->nwriters; i++) {
+		writer *w = &b->w[i];
+		unit *gone = NULL, **at, *u;
+		int64_t now = idem__clock_monotonic_us();
+
+		pthread_mutex_lock(&w->lock);
+		w->tail = NULL;
+		for (at = &w->head; (u = *at) != NULL;) {
+			if (stale(s, u, now)) {
+				*at = u->next;
+				w->queued--;
+				u->next = gone;
+				gone = u;
+			} else {
+				w->tail = u;
+				at = &u->next;
+			}
+		}
+		pthread_mutex_unlock(&w->lock);
+		while ((u = gone) != NULL) { /* answered outside the lock: done may queue */
+			gone = u->next;
+			deliver(s, u);
+		}
+	}
+}
+
+static void *reaper_main(void *arg)
+{
+	idem__batch *b = arg;
+
+	pthread_mutex_lock(&b->rlock);
+	while (!b->rstop) {
+		struct timespec until;
+		int64_t t;
+
+		pthread_mutex_unlock(&b->rlock);
+		reap(b);
+		t = idem__clock_monotonic_us() + REAP_US;
+		until.tv_sec = (time_t)(t / 1000000);
+		until.tv_nsec = (long)(t % 1000000) * 1000;
+		pthread_mutex_lock(&b->rlock);
+		if (!b->rstop)
+			pthread_cond_timedwait(&b->rcond, &b->rlock, &until);
+	}
+	pthread_mutex_unlock(&b->rlock);
+	return NULL;
+}
+
+static int reaper_start(idem__batch *b)
+{
+	pthread_condattr_t ca;
+
+	if (b->store->opts.request_timeout_ms <= 0 && b->store->opts.queue_timeout_ms <= 0)
+		return 0; /* nothing ever goes stale in a queue */
+	if (pthread_mutex_init(&b->rlock, NULL) != 0)
+		return idem__error(IDEM_ENOMEM, "cannot create the group commit reaper's lock");
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* as the deadlines */
+	if (pthread_cond_init(&b->rcond, &ca) != 0) {
+		pthread_condattr_destroy(&ca);
+		pthread_mutex_destroy(&b->rlock);
+		return idem__error(IDEM_ENOMEM, "cannot create the group commit reaper's lock");
+	}
+	pthread_condattr_destroy(&ca);
+	b->rinit = 1;
+	if (pthread_create(&b->reaper, NULL, reaper_main, b) != 0)
+		return idem__error(IDEM_ENOMEM, "cannot start the group commit reaper");
+	b->rstarted = 1;
+	return 0;
+}
+
+static void reaper_stop(idem__batch *b)
+{
+	if (b->rstarted) {
+		pthread_mutex_lock(&b->rlock);
+		b->rstop = 1;
+		pthread_cond_signal(&b->rcond);
+		pthread_mutex_unlock(&b->rlock);
+		pthread_join(b->reaper, NULL);
+	}
+	if (b->rinit) {
+		pthread_cond_destroy(&b->rcond);
+		pthread_mutex_destroy(&b->rlock);
+	}
 }
 
 static void *writer_main(void *arg)
@@ -283,6 +395,8 @@ int idem__batch_start_n(idem__batch **out, idem_store *store, int n)
 		}
 		w->started = 1;
 	}
+	if ((rc = reaper_start(b)) < 0)
+		goto done;
 	*out = b;
 	b = NULL;
 done:
@@ -307,6 +421,7 @@ void idem__batch_stop(idem__batch *b)
 {
 	if (!b)
 		return;
+	reaper_stop(b); /* first: it walks the writers' queues */
 	for (int i = 0; i < b->nwriters; i++) {
 		writer *w = &b->w[i];
 

@@ -15,6 +15,7 @@
  * mariadb (there the reads themselves are bounded too).
  */
 #include <jansson.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -240,6 +241,122 @@ static void test_stale_deadline_never_inherited(void **state)
 	assert_int_equal(idem_deadline_get(), 0);
 }
 
+/* ---- a unit queued behind a writer that hangs ---------------------------- */
+
+typedef struct {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	int entered, release, done, rc;
+} gate;
+
+static gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0};
+static gate g2 = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0};
+
+/* The store hangs inside this unit (as on a black hole) until released. */
+static int hang_work(idem_txn *txn, void *ctx, idem_response *resp)
+{
+	(void)txn;
+	(void)ctx;
+	pthread_mutex_lock(&g.lock);
+	g.entered = 1;
+	pthread_cond_broadcast(&g.cond);
+	while (!g.release)
+		pthread_cond_wait(&g.cond, &g.lock);
+	pthread_mutex_unlock(&g.lock);
+	return idem_response_set(resp, 201, "hung", 4);
+}
+
+static int count_work(idem_txn *txn, void *ctx, idem_response *resp)
+{
+	(void)txn;
+	(*(int *)ctx)++;
+	return idem_response_set(resp, 201, "ran", 3);
+}
+
+static void gate_done(void *ctx, int rc, idem_result *res)
+{
+	gate *x = ctx;
+
+	(void)res;
+	pthread_mutex_lock(&x->lock);
+	x->rc = rc;
+	x->done = 1;
+	pthread_cond_broadcast(&x->cond);
+	pthread_mutex_unlock(&x->lock);
+}
+
+/* Wait for flag, at most s seconds (a bound against hanging, not a timing). */
+static int gate_wait(gate *x, int *flag, int s)
+{
+	struct timespec until;
+
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += s;
+	pthread_mutex_lock(&x->lock);
+	while (!*flag && pthread_cond_timedwait(&x->cond, &x->lock, &until) == 0)
+		;
+	pthread_mutex_unlock(&x->lock);
+	return *flag;
+}
+
+static void request_of(idem_request *r, const char *key, const char *fp)
+{
+	*r = (idem_request)IDEM_REQUEST_INIT;
+	r->scope = "deadline-reaper";
+	r->business_type = "payment";
+	r->key = key;
+	r->key_len = strlen(key);
+	r->fingerprint = fp;
+}
+
+/*
+ * The writer of a scope hangs in a batch; a request queued behind it is
+ * answered unavailable when its own deadline passes, unrun, not when the
+ * writer comes back (before: up to the hung batch's deadline late).
+ */
+static void test_queued_unit_answered_at_its_deadline(void **state)
+{
+	fixture *f = *state;
+	idem_request r;
+	char fp[65];
+	int ran = 0, answered_while_hung;
+
+	test_fp(fp, "{}");
+	request_of(&r, "hang", fp);
+	idem_execute_async(f->store, &r, hang_work, NULL, gate_done, &g);
+	assert_true(gate_wait(&g, &g.entered, 60));
+
+	idem_deadline_begin(f->store);
+	request_of(&r, "queued", fp);
+	idem_execute_async(f->store, &r, count_work, &ran, gate_done, &g2);
+	idem_deadline_end();
+	/* Its deadline is DEADLINE_MS away; the writer stays hung all along. */
+	answered_while_hung = gate_wait(&g2, &g2.done, 4 * DEADLINE_MS / 1000);
+
+	pthread_mutex_lock(&g.lock);
+	g.release = 1;
+	pthread_cond_broadcast(&g.cond);
+	pthread_mutex_unlock(&g.lock);
+	assert_true(gate_wait(&g, &g.done, 60));
+	assert_true(gate_wait(&g2, &g2.done, 60));
+	assert_true(answered_while_hung);
+	assert_int_equal(g2.rc, IDEM_EUNAVAIL);
+	assert_int_equal(ran, 0);
+
+	/* Unrun: its retry is the first execution. */
+	{
+		idem_result res = {0};
+
+		idem_deadline_begin(f->store);
+		request_of(&r, "queued", fp);
+		assert_int_equal(idem_execute(&res, f->store, &r, count_work, &ran), 0);
+		idem_deadline_end();
+		assert_int_equal(res.outcome, IDEM_FIRST);
+		assert_int_equal(ran, 1);
+		idem_result_clear(&res);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -247,6 +364,8 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_notification_after_deadline_unrun, setup,
 	                                    teardown),
 	    cmocka_unit_test_setup_teardown(test_stale_deadline_never_inherited, setup, teardown),
+	    cmocka_unit_test_setup_teardown(test_queued_unit_answered_at_its_deadline, setup,
+	                                    teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
