@@ -357,6 +357,86 @@ static void test_queued_unit_answered_at_its_deadline(void **state)
 	}
 }
 
+/* ---- a batch that failed: its units rerun alone, earliest deadline first */
+
+static gate g3 = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0};
+static gate g4 = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0};
+static gate g5 = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0};
+static int fail_calls;
+
+/* In the batch: an error that ends the batch (all rerun alone); alone: hang. */
+static int fail_then_hang(idem_txn *txn, void *ctx, idem_response *resp)
+{
+	(void)ctx;
+	if (fail_calls++ == 0) {
+		(void)idem_txn_exec(txn, "SELECT no_such_column FROM no_such_table", NULL, 0, NULL);
+		return IDEM_ESTORE;
+	}
+	pthread_mutex_lock(&g4.lock);
+	g4.entered = 1;
+	pthread_cond_broadcast(&g4.cond);
+	while (!g4.release)
+		pthread_cond_wait(&g4.cond, &g4.lock);
+	pthread_mutex_unlock(&g4.lock);
+	return idem_response_set(resp, 201, "late", 4);
+}
+
+static void gate_reset(gate *x)
+{
+	pthread_mutex_lock(&x->lock);
+	x->entered = x->release = x->done = x->rc = 0;
+	pthread_mutex_unlock(&x->lock);
+}
+
+static void release(gate *x)
+{
+	pthread_mutex_lock(&x->lock);
+	x->release = 1;
+	pthread_cond_broadcast(&x->cond);
+	pthread_mutex_unlock(&x->lock);
+}
+
+/*
+ * A batch [A, B] fails on A's SQL, so both rerun alone. A's deadline is far
+ * (it arrived last, with nothing to read), B's near: B must not wait for A,
+ * which now hangs. Before: queue order, B answered only once A returned.
+ */
+static void test_alone_reruns_earliest_deadline_first(void **state)
+{
+	fixture *f = *state;
+	idem_request r;
+	char fp[65];
+	int ran = 0, b_while_a_hung;
+	int64_t now;
+
+	gate_reset(&g);
+	test_fp(fp, "{}");
+	request_of(&r, "hold", fp); /* holds the writer while A and B queue */
+	idem_execute_async(f->store, &r, hang_work, NULL, gate_done, &g);
+	assert_true(gate_wait(&g, &g.entered, 60));
+
+	idem_deadline_begin(f->store);
+	now = idem_deadline_get();
+	idem_deadline_adopt(now + 60LL * 1000000); /* A: a late arrival's deadline */
+	request_of(&r, "a", fp);
+	idem_execute_async(f->store, &r, fail_then_hang, NULL, gate_done, &g3);
+	idem_deadline_adopt(now + 20LL * 1000000); /* B: nearer */
+	request_of(&r, "b", fp);
+	idem_execute_async(f->store, &r, count_work, &ran, gate_done, &g5);
+	idem_deadline_end();
+	release(&g); /* the writer takes A and B as one batch */
+	assert_true(gate_wait(&g, &g.done, 60));
+
+	b_while_a_hung = gate_wait(&g5, &g5.done, 15);
+	release(&g4);
+	assert_true(gate_wait(&g3, &g3.done, 60));
+	assert_true(gate_wait(&g5, &g5.done, 60));
+	assert_true(b_while_a_hung);
+	assert_int_equal(g5.rc, 0);
+	assert_int_equal(ran, 1);
+	assert_int_equal(fail_calls, 2);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -365,6 +445,8 @@ int main(void)
 	                                    teardown),
 	    cmocka_unit_test_setup_teardown(test_stale_deadline_never_inherited, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_queued_unit_answered_at_its_deadline, setup,
+	                                    teardown),
+	    cmocka_unit_test_setup_teardown(test_alone_reruns_earliest_deadline_first, setup,
 	                                    teardown),
 	};
 
