@@ -4,8 +4,9 @@
  * one mutex; a lookup hashes the key once, locks one shard and copies the
  * body out (entries may be evicted as soon as the lock is dropped). The
  * byte count is what the entries really hold: the entry struct, key and
- * body, malloc's per-block overhead, and the bucket arrays, so the cap
- * bounds real memory, not just bodies (measured: docs/benchmarks.md).
+ * body, a noted request's raw bytes, malloc's per-block overhead, and the
+ * bucket arrays, so the cap bounds real memory, not just bodies
+ * (measured: docs/benchmarks.md).
  */
 #include "core/cache.h"
 
@@ -26,9 +27,10 @@ typedef struct entry {
 	int64_t expires_at;
 	int http_status;
 	char fp[IDEM_FINGERPRINT_LEN + 1];
-	size_t key_len, body_len;
+	size_t key_len, body_len, raw_len;
 	unsigned char *body;
-	char key[]; /* scope \0 type \0 key */
+	unsigned char *raw; /* a request's raw bytes that gave fp; NULL: none noted */
+	char key[];         /* scope \0 type \0 key */
 } entry;
 
 typedef struct {
@@ -118,6 +120,7 @@ void idem__cache_free(idem__cache *c)
 
 		for (entry *e = s->head, *n; e; e = n) {
 			n = e->next;
+			free(e->raw);
 			free(e->body);
 			free(e);
 		}
@@ -135,7 +138,7 @@ static size_t cost_of(size_t key_len, size_t body_len)
 
 static size_t cost(const entry *e)
 {
-	return cost_of(e->key_len, e->body_len);
+	return cost_of(e->key_len, e->body_len) + (e->raw ? MALLOC_COST(e->raw_len) : 0);
 }
 
 static void lru_unlink(shard *s, entry *e)
@@ -174,8 +177,18 @@ static void drop(shard *s, entry *e)
 	lru_unlink(s, e);
 	s->bytes -= cost(e);
 	s->entries--;
+	free(e->raw);
 	free(e->body);
 	free(e);
+}
+
+/* Evict from the cold end until the shard is within its caps. */
+static void evict(idem__cache *c, shard *s)
+{
+	while (s->tail && (s->bytes > c->max_bytes || s->entries > c->max_entries)) {
+		drop(s, s->tail);
+		atomic_fetch_add_explicit(&c->evictions, 1, memory_order_relaxed);
+	}
 }
 
 static entry *find(shard *s, uint64_t h, const char *flat, size_t n)
@@ -186,44 +199,108 @@ static entry *find(shard *s, uint64_t h, const char *flat, size_t n)
 	return NULL;
 }
 
-int idem__cache_get(idem__cache *c, const idem__key *k, const char *fp, int64_t now,
-                    idem_result *out)
+/* k's entry at now, its shard locked in *sp (the caller unlocks), or NULL. */
+static entry *lookup(idem__cache *c, const idem__key *k, int64_t now, shard **sp)
 {
 	char flat[FLAT_MAX];
-	size_t n;
-	uint64_t h;
+	size_t n = flat_key(flat, k);
+	uint64_t h = fnv1a(14695981039346656037ULL, flat, n);
+	shard *s = &c->shards[h % SHARDS];
+	entry *e;
+
+	pthread_mutex_lock(&s->lock);
+	*sp = s;
+	e = find(s, h, flat, n);
+	if (e && e->expires_at <= now) {
+		drop(s, e);
+		e = NULL;
+	}
+	return e;
+}
+
+/* out = REPLAY of e (a copy of its body): 1, or IDEM_ENOMEM. */
+static int replay_of(const entry *e, idem_result *out)
+{
+	if (!(out->body = malloc(e->body_len ? e->body_len : 1)))
+		return idem__error(IDEM_ENOMEM, "out of memory");
+	memcpy(out->body, e->body, e->body_len);
+	out->body_len = e->body_len;
+	out->http_status = e->http_status;
+	out->outcome = IDEM_REPLAY;
+	out->expires_at_ms = e->expires_at;
+	return 1;
+}
+
+int idem__cache_get_raw(idem__cache *c, const idem__key *k, const void *raw, size_t len,
+                        int64_t now, idem_result *out)
+{
 	shard *s;
 	entry *e;
 	int rc = 0;
 
 	if (!c)
 		return 0;
-	n = flat_key(flat, k);
-	h = fnv1a(14695981039346656037ULL, flat, n);
-	s = &c->shards[h % SHARDS];
-	pthread_mutex_lock(&s->lock);
-	e = find(s, h, flat, n);
-	if (e && e->expires_at <= now) {
-		drop(s, e);
-		e = NULL;
+	e = lookup(c, k, now, &s);
+	/* Only equal bytes decide; anything else goes the canonical way, which counts. */
+	if (e && e->raw && e->raw_len == len && memcmp(e->raw, raw, len) == 0) {
+		lru_unlink(s, e);
+		lru_push(s, e);
+		rc = replay_of(e, out);
 	}
+	pthread_mutex_unlock(&s->lock);
+	if (rc == 1)
+		atomic_fetch_add_explicit(&c->hits, 1, memory_order_relaxed);
+	return rc;
+}
+
+void idem__cache_note_raw(idem__cache *c, const idem__key *k, const char *fp, const void *raw,
+                          size_t len, int64_t now)
+{
+	shard *s;
+	entry *e;
+
+	if (!c || len > IDEM__CACHE_RAW_MAX)
+		return;
+	e = lookup(c, k, now, &s);
+	if (e && strcmp(e->fp, fp) == 0 &&
+	    !(e->raw && e->raw_len == len && memcmp(e->raw, raw, len) == 0)) {
+		unsigned char *copy = malloc(len ? len : 1);
+
+		if (copy) {
+			memcpy(copy, raw, len);
+			s->bytes -= cost(e);
+			free(e->raw);
+			e->raw = copy;
+			e->raw_len = len;
+			s->bytes += cost(e);
+			lru_unlink(s, e);
+			lru_push(s, e);
+			evict(c, s);
+		}
+	}
+	pthread_mutex_unlock(&s->lock);
+}
+
+int idem__cache_get(idem__cache *c, const idem__key *k, const char *fp, int64_t now,
+                    idem_result *out)
+{
+	shard *s;
+	entry *e;
+	int rc = 0;
+
+	if (!c)
+		return 0;
+	e = lookup(c, k, now, &s);
 	if (e) {
 		lru_unlink(s, e);
 		lru_push(s, e);
 		if (strcmp(e->fp, fp) != 0) {
 			out->outcome = IDEM_MISMATCH;
-			rc = 1;
-		} else if ((out->body = malloc(e->body_len ? e->body_len : 1))) {
-			memcpy(out->body, e->body, e->body_len);
-			out->body_len = e->body_len;
-			out->http_status = e->http_status;
-			out->outcome = IDEM_REPLAY;
+			out->expires_at_ms = e->expires_at;
 			rc = 1;
 		} else {
-			rc = idem__error(IDEM_ENOMEM, "out of memory");
+			rc = replay_of(e, out);
 		}
-		if (rc == 1)
-			out->expires_at_ms = e->expires_at;
 	}
 	pthread_mutex_unlock(&s->lock);
 	atomic_fetch_add_explicit(rc == 1 ? &c->hits : &c->misses, 1, memory_order_relaxed);
@@ -255,6 +332,8 @@ void idem__cache_put(idem__cache *c, const idem__key *k, const char *fp, int htt
 	if (len)
 		memcpy(e->body, body, len);
 	memcpy(e->fp, fp, sizeof(e->fp));
+	e->raw = NULL;
+	e->raw_len = 0;
 	e->key_len = n;
 	e->body_len = len;
 	e->http_status = http_status;
@@ -274,10 +353,7 @@ void idem__cache_put(idem__cache *c, const idem__key *k, const char *fp, int htt
 	lru_push(s, e);
 	s->bytes += cost(e);
 	s->entries++;
-	while (s->tail && (s->bytes > c->max_bytes || s->entries > c->max_entries)) {
-		drop(s, s->tail);
-		atomic_fetch_add_explicit(&c->evictions, 1, memory_order_relaxed);
-	}
+	evict(c, s);
 	pthread_mutex_unlock(&s->lock);
 }
 

@@ -163,6 +163,37 @@ void idem__cache_after_commit(idem_store *s, const idem__key *k, const idem_requ
 		                res->body_len, res->expires_at_ms, idem_store_now(s));
 }
 
+/*
+ * The replay shortcut (src/pay/pipeline.c). A hit is a REPLAY exactly as
+ * the canonical path would have found it: raw was kept with this entry
+ * only after those very bytes had produced the entry's fingerprint
+ * (idem__replay_note_raw), and equal bytes give an equal fingerprint.
+ * Anything but a hit returns 0 and decides nothing. req->fingerprint is
+ * not read here (the caller has none yet).
+ */
+int idem__replay_raw(idem_store *s, const idem_request *req, const void *raw, size_t len,
+                     idem_result *out)
+{
+	idem__key k;
+	int rc;
+
+	if (!s || !s->cache || !req || req->version != IDEM_REQUEST_VERSION ||
+	    key_from_parts(&k, req->scope, req->business_type, req->key, req->key_len) < 0)
+		return 0;
+	rc = idem__cache_get_raw(s->cache, &k, raw, len, idem_store_now(s), out);
+	if (rc == 1)
+		idem__count(s, req->business_type, 0, out);
+	return rc;
+}
+
+void idem__replay_note_raw(idem_store *s, const idem_request *req, const void *raw, size_t len)
+{
+	idem__key k;
+
+	if (s && s->cache && idem__request_key(&k, req) == 0)
+		idem__cache_note_raw(s->cache, &k, req->fingerprint, raw, len, idem_store_now(s));
+}
+
 static int64_t ttl_of(const idem_store *s, const idem_request *req)
 {
 	return req->ttl_ms > 0 ? req->ttl_ms : s->opts.default_ttl_ms;

@@ -25,6 +25,18 @@ int idem__execute_direct(idem_store *store, const idem__key *k, const idem_reque
 void idem__cache_after_commit(idem_store *s, const idem__key *k, const idem_request *req,
                               const idem_result *res);
 
+/*
+ * The replay shortcut of src/pay: raw is the request's raw bytes as
+ * pay frames them (core/cache.h). replay_raw: 1 and out a REPLAY when the
+ * cached entry of req's key holds exactly these bytes, else 0 (go the
+ * canonical way; req->fingerprint is not read), <0 on ENOMEM. note_raw:
+ * keep raw with the cached entry of req's key when its fingerprint is
+ * req->fingerprint (the canonical one, just computed from these bytes).
+ */
+int idem__replay_raw(idem_store *s, const idem_request *req, const void *raw, size_t len,
+                     idem_result *out);
+void idem__replay_note_raw(idem_store *s, const idem_request *req, const void *raw, size_t len);
+
 /* Count one claim's outcome (or error) in the store's metrics. */
 void idem__count(idem_store *s, const char *type, int rc, const idem_result *out);
 

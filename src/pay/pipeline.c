@@ -8,15 +8,108 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/cache.h"
+#include "core/claim_internal.h"
 #include "pay/channel.h"
 #include "pay/internal.h"
 #include "util/clock.h"
 #include "util/error.h"
 #include "util/waiter.h"
 
+/*
+ * The replay shortcut. A retry usually resends the very bytes of the first
+ * request, and those bytes give the very fingerprint they gave then: the
+ * fingerprint is a function of the method, path and body alone. So the
+ * request's raw bytes are kept beside the cached answer once the canonical
+ * path has shown which fingerprint they give (note_raw, after the answer),
+ * and a later request with exactly those bytes under the same key is that
+ * replay, answered without parsing, canonicalising or hashing the body. Any
+ * other body, equal or not once canonical, goes the full way, so the
+ * canonical fingerprint still decides every MISMATCH (422). Only for routes
+ * whose business type and key follow from the request alone (raw_type), and
+ * bodies that fit IDEM__CACHE_RAW_MAX. The ops come only from pay__op_new,
+ * so the wrapper below is every op's real allocation and pay__finish's
+ * free(op) frees it (op is its first member).
+ */
+typedef struct {
+	pay__op op;
+	const char *raw_type; /* NULL: no shortcut for this request */
+} raw_op;
+
+static const char *raw_type(const idem_pay_request *rq)
+{
+	if (!rq->key || rq->key_invalid || !rq->method || !rq->path || !rq->body ||
+	    strcmp(rq->method, "POST") != 0)
+		return NULL;
+	if (strcmp(rq->path, "/v1/payments") == 0)
+		return "payment";
+	if (strcmp(rq->path, "/v1/refunds") == 0)
+		return "refund";
+	return NULL;
+}
+
+/* rq's bytes as the cache compares them: "METHOD PATH\n" then the body; 0: too long. */
+static size_t raw_bytes(char out[IDEM__CACHE_RAW_MAX], const idem_pay_request *rq)
+{
+	size_t m = strlen(rq->method), p = strlen(rq->path);
+
+	if (m + p + 2 + rq->body_len > IDEM__CACHE_RAW_MAX)
+		return 0;
+	memcpy(out, rq->method, m);
+	out[m] = ' ';
+	memcpy(out + m + 1, rq->path, p);
+	out[m + 1 + p] = '\n';
+	memcpy(out + m + p + 2, rq->body, rq->body_len);
+	return m + p + 2 + rq->body_len;
+}
+
+/* 1 when done has been given the replay; 0 to go the canonical way. */
+static int raw_replay(raw_op *r)
+{
+	const idem_pay_request *rq = r->op.rq;
+	idem_request req = IDEM_REQUEST_INIT;
+	idem_result res = {0};
+	char raw[IDEM__CACHE_RAW_MAX];
+	size_t n;
+
+	if (!(r->raw_type = raw_type(rq)) || !(n = raw_bytes(raw, rq))) {
+		r->raw_type = NULL;
+		return 0;
+	}
+	req.scope = rq->caller;
+	req.business_type = r->raw_type;
+	req.key = rq->key;
+	req.key_len = rq->key_len;
+	if (idem__replay_raw(r->op.pay->store, &req, raw, n, &res) != 1) {
+		idem_result_clear(&res);
+		return 0;
+	}
+	r->op.done(r->op.done_ctx, 0, &res);
+	idem_result_clear(&res);
+	return 1;
+}
+
+/* After the canonical path answered from a stored record: keep the bytes. */
+static void note_raw(raw_op *r, const idem_result *res)
+{
+	const pay__op *op = &r->op;
+	char raw[IDEM__CACHE_RAW_MAX];
+	size_t n;
+
+	if (!r->raw_type ||
+	    !(res->outcome == IDEM_REPLAY || (res->outcome == IDEM_FIRST && res->stored)))
+		return;
+	if (!op->req.business_type || strcmp(op->req.business_type, r->raw_type) != 0 ||
+	    op->req.key != op->rq->key || op->req.fingerprint != op->fp)
+		return;
+	if ((n = raw_bytes(raw, op->rq)))
+		idem__replay_note_raw(op->pay->store, &op->req, raw, n);
+}
+
 pay__op *pay__op_new(idem_pay *pay, const idem_pay_request *rq, idem_done_fn done, void *done_ctx)
 {
-	pay__op *op = calloc(1, sizeof(*op));
+	raw_op *r = calloc(1, sizeof(*r));
+	pay__op *op = r ? &r->op : NULL;
 
 	if (!op) {
 		idem_result none = {0};
@@ -29,6 +122,10 @@ pay__op *pay__op_new(idem_pay *pay, const idem_pay_request *rq, idem_done_fn don
 	op->rq = &op->rq_copy;
 	op->done = done;
 	op->done_ctx = done_ctx;
+	if (raw_replay(r)) { /* answered: the caller returns as after ENOMEM */
+		free(r);
+		return NULL;
+	}
 	return op;
 }
 
@@ -76,6 +173,8 @@ static void on_done(void *ctx, int rc, idem_result *res)
 
 	if (rc == 0)
 		rc = dress(op, res);
+	if (rc == 0)
+		note_raw((raw_op *)op, res);
 	idem_result_clear(&op->res);
 	op->res = *res;
 	memset(res, 0, sizeof(*res));

@@ -50,6 +50,57 @@ static void hit_miss_mismatch_expiry(void **state)
 	idem__cache_free(c);
 }
 
+/*
+ * The replay shortcut: raw bytes answer only after they were noted against
+ * the entry's own fingerprint; they never answer MISMATCH, a new answer for
+ * the key forgets them, and they count against the byte cap.
+ */
+static void raw_bytes_only_after_a_note(void **state)
+{
+	idem__cache *c = idem__cache_new(1 << 20, 1000);
+	idem__key k = key_of("m_1", "K1"), other = key_of("m_1", "K2");
+	idem_result r = {0};
+	idem__cache_stats before, after;
+	char fp[65], fp2[65];
+	const char *raw = "POST /v1/payments\n{ \"a\": 1 }", *raw2 = "POST /v1/payments\n{\"a\":2}";
+	size_t n = strlen(raw), n2 = strlen(raw2);
+
+	(void)state;
+	test_fp(fp, "{\"a\":1}");
+	test_fp(fp2, "{\"a\":2}");
+	idem__cache_put(c, &k, fp, 201, (const unsigned char *)"body", 4, 1000, 100);
+	/* Not noted yet: nothing. */
+	assert_int_equal(idem__cache_get_raw(c, &k, raw, n, 200, &r), 0);
+	/* A note with another fingerprint than the entry's is ignored. */
+	idem__cache_note_raw(c, &k, fp2, raw2, n2, 200);
+	assert_int_equal(idem__cache_get_raw(c, &k, raw2, n2, 200, &r), 0);
+	idem__cache_stats_get(c, &before);
+	idem__cache_note_raw(c, &k, fp, raw, n, 200);
+	idem__cache_stats_get(c, &after);
+	assert_true(after.bytes >= before.bytes + n);
+	assert_int_equal(idem__cache_get_raw(c, &k, raw, n, 300, &r), 1);
+	assert_int_equal(r.outcome, IDEM_REPLAY);
+	assert_int_equal(r.http_status, 201);
+	assert_int_equal(r.body_len, 4);
+	assert_memory_equal(r.body, "body", 4);
+	assert_int_equal(r.expires_at_ms, 1000);
+	idem_result_clear(&r);
+	/* Other bytes decide nothing here (the canonical path does): a prefix, one more byte. */
+	assert_int_equal(idem__cache_get_raw(c, &k, raw2, n2, 300, &r), 0);
+	assert_int_equal(idem__cache_get_raw(c, &k, raw, n - 1, 300, &r), 0);
+	assert_null(r.body);
+	/* Another key never sees them; an expired entry answers nothing. */
+	assert_int_equal(idem__cache_get_raw(c, &other, raw, n, 300, &r), 0);
+	assert_int_equal(idem__cache_get_raw(c, &k, raw, n, 1000, &r), 0);
+	/* A new entry for the key starts without raw bytes. */
+	idem__cache_put(c, &k, fp, 201, (const unsigned char *)"body", 4, 2000, 1000);
+	assert_int_equal(idem__cache_get_raw(c, &k, raw, n, 1100, &r), 0);
+	/* No cache: nothing, and a note is harmless. */
+	idem__cache_note_raw(NULL, &k, fp, raw, n, 0);
+	assert_int_equal(idem__cache_get_raw(NULL, &k, raw, n, 0, &r), 0);
+	idem__cache_free(c);
+}
+
 static void caps_bound_memory(void **state)
 {
 	const size_t cap = 256 * 1024;
@@ -163,6 +214,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(hit_miss_mismatch_expiry),
+	    cmocka_unit_test(raw_bytes_only_after_a_note),
 	    cmocka_unit_test(caps_bound_memory),
 	    cmocka_unit_test(never_a_body_the_database_lacks),
 	};

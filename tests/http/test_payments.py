@@ -224,6 +224,31 @@ class Payments(harness.TestCase):
         fb = m.record("payment", b).json()["fingerprint"]
         self.assertEqual(fa, fb)
 
+    def test_replay_shortcut_never_hides_a_mismatch(self):
+        # idemd answers a retry with the first request's exact bytes from a
+        # digest of those bytes (docs/api-notes.md, "Replays"); whatever
+        # order the bodies come in, the canonical fingerprint decides.
+        m = self.merchant()
+        order, key = uid("ORD"), uid("K")
+        raw = ('{"merchant_order_no":"%s","amount":5,"currency":"CNY","channel":"%s"}'
+               % (order, self.ch.name)).encode()
+        spaced = ('{ "channel": "%s", "amount": 5, "currency": "CNY", "merchant_order_no": "%s" }'
+                  % (self.ch.name, order)).encode()
+        other = raw.replace(b'"amount":5', b'"amount":6')
+        first = m.post("/v1/payments", raw, key=key)
+        self.assertFirst(first, 201)
+        for body in (raw, raw, spaced, raw, spaced, spaced):
+            self.assertReplayOf(m.post("/v1/payments", body, key=key), first)
+        for _ in range(2):
+            self.assertProblem(m.post("/v1/payments", other, key=key), 422,
+                               "idempotency_key_reused")
+            self.assertReplayOf(m.post("/v1/payments", raw, key=key), first)
+        # the same bytes under the same key of another merchant are its own
+        m2 = self.merchant()
+        self.assertFirst(m2.post("/v1/payments", raw, key=key), 201)
+        # the same bytes under another key: the backstop, not the shortcut
+        self.assertStatus(m.post("/v1/payments", raw, key=uid("K2")), 200)
+
     def test_amount_edges_and_currencies(self):
         m = self.merchant()
         for amount, cur in ((1, "CNY"), (10 ** 15, "USD"), (99, "EUR")):
