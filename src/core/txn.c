@@ -11,6 +11,10 @@
 #include "util/error.h"
 #include "util/rand.h"
 
+/* How long and how often a unit losing fast conflicts is retried past max_retries. */
+#define CONFLICT_WINDOW_US 1000000
+#define CONFLICT_RETRIES   32
+
 void idem__retry_backoff(int attempt)
 {
 	/* 1 ms doubling to 64 ms, with full jitter so racers spread out. */
@@ -76,6 +80,7 @@ int idem_store_query(idem_store *store, const char *sql, const idem_value *param
 static int txn_loop(idem_store *s, idem_txn_fn fn, idem__txn_undo_fn fn_undo, void *ctx,
                     idem_result *out)
 {
+	int64_t t0 = idem__clock_monotonic_us();
 	int rc = 0;
 
 	for (int attempt = 0;; attempt++) {
@@ -99,7 +104,15 @@ static int txn_loop(idem_store *s, idem_txn_fn fn, idem__txn_undo_fn fn_undo, vo
 		if (rc >= 0)
 			break;
 		idem_result_clear(out); /* nothing was committed: no answer either */
-		if (rc != IDEM_ERETRY || attempt >= s->opts.max_retries)
+		if (rc != IDEM_ERETRY)
+			break;
+		/* Past the budget, a unit that keeps losing fast conflicts (a Galera
+		 * certification failure, a deadlock: milliseconds each) is still
+		 * retried while it is young; one whose attempts wait (a busy or
+		 * lock-wait timeout: seconds each) stops at the budget. */
+		if (attempt >= s->opts.max_retries &&
+		    (attempt >= CONFLICT_RETRIES ||
+		     idem__clock_monotonic_us() - t0 > CONFLICT_WINDOW_US))
 			break;
 		idem__retry_backoff(attempt);
 	}

@@ -2,11 +2,13 @@
  * tests/core/test_engine.c: the engine's side of the backend contract: an
  * ops table of another version is refused before any of it is called, and
  * the capability bits (not the backend's name) decide how many group-commit
- * writers run.
+ * writers run; a unit losing fast conflicts is retried past max_retries
+ * while it is young, one whose attempts each wait stops at the budget.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/claim_internal.h"
 #include "support.h"
@@ -140,6 +142,45 @@ static void bad_arguments_are_einval(void **state)
 	idem_store_close(store);
 }
 
+/* Loses its first `lose` attempts with IDEM_ERETRY, each after `wait_ms`. */
+struct loser {
+	int lose, wait_ms, calls;
+};
+
+static int losing(idem_txn *txn, void *ctx)
+{
+	struct loser *l = ctx;
+
+	(void)txn;
+	if (l->wait_ms > 0)
+		nanosleep(&(struct timespec){.tv_nsec = (long)l->wait_ms * 1000000L}, NULL);
+	return l->calls++ < l->lose ? IDEM_ERETRY : 0;
+}
+
+/* Fast conflicts (a Galera certification failure, a deadlock) converge even
+ * when a hot row makes a unit lose more often than max_retries; conflicts
+ * that never end stop at a bounded count; slow attempts (a busy timeout each)
+ * stop at the budget. */
+static void fast_conflicts_retry_past_the_budget(void **state)
+{
+	idem_store_opts opts = IDEM_STORE_OPTS_INIT;
+	idem_store *store = NULL;
+	struct loser fast = {.lose = 10}, forever = {.lose = 1000},
+	             slow = {.lose = 1000, .wait_ms = 400};
+
+	(void)state;
+	opts.max_retries = 3;
+	assert_int_equal(idem_store_open(&store, "sqlite::memory:", &opts), 0);
+	assert_int_equal(idem_store_transact(store, losing, &fast), 0);
+	assert_int_equal(fast.calls, 11);
+	assert_int_equal(idem_store_transact(store, losing, &forever), IDEM_ERETRY);
+	assert_true(forever.calls > 4 && forever.calls <= 33);
+	/* Attempts of 400 ms: the fourth ends past the 1 s window. */
+	assert_int_equal(idem_store_transact(store, losing, &slow), IDEM_ERETRY);
+	assert_int_equal(slow.calls, 4);
+	idem_store_close(store);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -147,6 +188,7 @@ int main(void)
 	    cmocka_unit_test(null_ops_refused),
 	    cmocka_unit_test(writers_follow_capabilities),
 	    cmocka_unit_test(bad_arguments_are_einval),
+	    cmocka_unit_test(fast_conflicts_retry_past_the_budget),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

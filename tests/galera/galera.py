@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -177,6 +178,48 @@ class Setup:
         return bad
 
 
+class ClusterTest(unittest.TestCase):
+    """A test class on the cluster with one idemd per node: cls.cluster,
+    cls.setup (its servers, its database). Afterwards every node killed is
+    started again and all are Synced, the idemd stopped (each must exit 0),
+    the database dropped."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.cluster = Cluster()
+        try:
+            cls.setup = Setup(cls.cluster)
+        except Exception:
+            cls.cluster.close()
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        try:
+            cls.cluster.heal()
+            bad = cls.setup.close()
+        finally:
+            cls.cluster.close()
+        if bad:
+            raise AssertionError("\n".join(bad))
+
+
+def main():
+    """A test script's entry: skip when there is no cluster, else its tests."""
+    preflight()
+    unittest.main(module="__main__", verbosity=2)
+
+
+class NodeDb:
+    """SQL on one node's copy of the test database (for ledger_sql)."""
+
+    def __init__(self, cluster, setup, i):
+        self.url = dbserver.with_db(cluster.urls[i], setup.db.name)
+
+    def sql(self, query):
+        return dbserver.sql(self.url, query)
+
+
 # ---- a client that retries ----------------------------------------------------
 
 class Answers:
@@ -225,6 +268,33 @@ def call(answers, insts, first, fn, deadline, pause=0.1):
         k += 1
         time.sleep(pause)
     return None
+
+
+def storm(calls, timeout=60):
+    """Run every call, (side, zero-argument function), in its own thread, all
+    released together; returns the responses in order, each with .side set
+    (exceptions are returned, not raised)."""
+    barrier = threading.Barrier(len(calls))
+    out = [None] * len(calls)
+
+    def run(i):
+        side, fn = calls[i]
+        try:
+            barrier.wait(15)
+            out[i] = fn()
+            out[i].side = side
+        except Exception as e:  # noqa: BLE001
+            out[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.1, deadline - time.monotonic()))
+    if any(t.is_alive() for t in threads):
+        raise AssertionError("storm did not finish within %ds" % timeout)
+    return out
 
 
 def ledger_sql(db):
@@ -363,7 +433,8 @@ def check_exactly_once(tc, cluster, setup, traffic):
     expected = traffic.expected()
     ids = ",".join("'%s'" % m.id for m in traffic.ms)
     for side in range(cluster.n):
-        db = dbserver.with_db(cluster.urls[side], setup.db.name)
+        node = NodeDb(cluster, setup, side)
+        db = node.url
         rows = dbserver.sql(db, "SELECT merchant_id, merchant_order_no, count(*) FROM payments"
                             " GROUP BY merchant_id, merchant_order_no HAVING count(*) > 1")
         tc.assertEqual(rows, [], "node %d: order numbers with two payments" % (side + 1))
@@ -375,11 +446,7 @@ def check_exactly_once(tc, cluster, setup, traffic):
                                    " merchant_id IN (%s)" % ids)[0][0])
         tc.assertEqual(credits, sum(1 for a in traffic.acked if a[4]),
                        "node %d: ledger entries vs acknowledged notifications" % (side + 1))
-
-        class _Db:
-            def sql(self, q, db=db):
-                return dbserver.sql(db, q)
-        got = ledger_sql(_Db())
+        got = ledger_sql(node)
         tc.assertEqual({k: got.get(k, 0) for k in expected}, expected,
                        "node %d: balances differ from the client's totals" % (side + 1))
     for s in range(len(setup.servers)):

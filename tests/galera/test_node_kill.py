@@ -19,7 +19,6 @@ All nodes are Synced at the end.
 import os
 import sys
 import time
-import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import galera  # noqa: E402
@@ -28,26 +27,7 @@ from galera import harness  # noqa: E402
 VICTIM = 1  # node 2: neither the first node nor the last
 
 
-class NodeKill(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.cluster = galera.Cluster()
-        try:
-            cls.setup = galera.Setup(cls.cluster)
-        except Exception:
-            cls.cluster.close()
-            raise
-
-    @classmethod
-    def tearDownClass(cls):
-        try:
-            cls.cluster.heal()
-            bad = cls.setup.close()
-        finally:
-            cls.cluster.close()
-        if bad:
-            raise AssertionError("\n".join(bad))
-
+class NodeKill(galera.ClusterTest):
     def test_node_killed_mid_storm(self):
         cl, srv = self.cluster, self.setup.servers
         ch = srv[0].new_channel()
@@ -106,5 +86,4 @@ class NodeKill(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    galera.preflight()
-    unittest.main(verbosity=2)
+    galera.main()

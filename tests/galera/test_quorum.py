@@ -18,7 +18,6 @@ exact. All nodes are Synced at the end.
 import os
 import sys
 import time
-import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import galera  # noqa: E402
@@ -29,26 +28,7 @@ FIRST, SECOND = 1, 2  # killed in this order; SECOND comes back first
 LOST_FOR = 4.0        # seconds the lone node is probed without quorum
 
 
-class Quorum(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.cluster = galera.Cluster()
-        try:
-            cls.setup = galera.Setup(cls.cluster)
-        except Exception:
-            cls.cluster.close()
-            raise
-
-    @classmethod
-    def tearDownClass(cls):
-        try:
-            cls.cluster.heal()
-            bad = cls.setup.close()
-        finally:
-            cls.cluster.close()
-        if bad:
-            raise AssertionError("\n".join(bad))
-
+class Quorum(galera.ClusterTest):
     def test_quorum_lost_and_regained(self):
         cl, srv = self.cluster, self.setup.servers
         ch = srv[0].new_channel()
@@ -125,5 +105,4 @@ class Quorum(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    galera.preflight()
-    unittest.main(verbosity=2)
+    galera.main()

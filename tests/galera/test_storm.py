@@ -23,7 +23,6 @@ import os
 import sys
 import threading
 import time
-import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import galera  # noqa: E402
@@ -36,33 +35,6 @@ EXECUTED = [0] * NODES
 _count = threading.Lock()
 
 
-def storm(calls, timeout=60):
-    """Run every call, (side, zero-argument function), in its own thread, all
-    released together; returns the responses in order, each with .side set
-    (exceptions are returned, not raised)."""
-    barrier = threading.Barrier(len(calls))
-    out = [None] * len(calls)
-
-    def run(i):
-        side, fn = calls[i]
-        try:
-            barrier.wait(15)
-            out[i] = fn()
-            out[i].side = side
-        except Exception as e:  # noqa: BLE001
-            out[i] = e
-
-    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(calls))]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + timeout
-    for t in threads:
-        t.join(max(0.1, deadline - time.monotonic()))
-    if any(t.is_alive() for t in threads):
-        raise AssertionError("storm did not finish within %ds" % timeout)
-    return out
-
-
 def conflicts(cluster):
     """[certification failures, brute-force aborts] summed over the nodes."""
     n = [0, 0]
@@ -73,25 +45,7 @@ def conflicts(cluster):
     return n
 
 
-class GaleraStorm(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.cluster = galera.Cluster()
-        try:
-            cls.setup = galera.Setup(cls.cluster)
-        except Exception:
-            cls.cluster.close()
-            raise
-
-    @classmethod
-    def tearDownClass(cls):
-        try:
-            bad = cls.setup.close()
-        finally:
-            cls.cluster.close()
-        if bad:
-            raise AssertionError("\n".join(bad))
-
+class GaleraStorm(galera.ClusterTest):
     def assertOneExecution(self, rs, first_status, what, backstop=False):
         errs = [r for r in rs if isinstance(r, Exception)]
         self.assertEqual(errs, [], "%s: transport errors" % what)
@@ -137,8 +91,8 @@ class GaleraStorm(unittest.TestCase):
             m = ms[0]
             body = m.payment_body(777, "CNY", ch.name)
             key = uid("HOT")
-            self.assertOneExecution(storm([pay_call(i % 3, m, body, key) for i in range(18)]),
-                                    201, "hot payment")
+            calls = [pay_call(i % 3, m, body, key) for i in range(18)]
+            self.assertOneExecution(galera.storm(calls), 201, "hot payment")
 
         # 1. payments: 3 copies each (one per node), 6 orders per storm
         orders = []
@@ -160,7 +114,7 @@ class GaleraStorm(unittest.TestCase):
             calls = []
             for j, (m, body, keys, _i) in enumerate(group):
                 calls += [pay_call((c + j) % 3, m, body, keys[c]) for c in range(3)]
-            rs = storm(calls)
+            rs = galera.storm(calls)
             for j, (m, body, keys, i) in enumerate(group):
                 first = self.assertOneExecution(rs[3 * j:3 * j + 3], 201,
                                                 "payment %s" % body["merchant_order_no"],
@@ -184,7 +138,7 @@ class GaleraStorm(unittest.TestCase):
                     side = (c + j) % 3
                     calls.append((side, lambda side=side, nb=nb: chan[side].post(nb)))
                 spans.append((start, pid, m, amount, status))
-            rs = storm(calls)
+            rs = galera.storm(calls)
             for start, pid, m, amount, status in spans:
                 one, two = rs[start:start + 3], rs[start + 3:start + 5]
                 self.assertOneExecution(one, 200, "notification of %s" % pid)
@@ -215,7 +169,7 @@ class GaleraStorm(unittest.TestCase):
         for s in range(0, len(checks), 4):
             part = checks[s:s + 4]
             lo, hi = part[0][0], part[-1][0] + 3
-            rs = storm(calls[lo:hi])
+            rs = galera.storm(calls[lo:hi])
             for off, what in part:
                 self.assertOneExecution(rs[off - lo:off - lo + 3], 201, what)
 
@@ -234,7 +188,7 @@ class GaleraStorm(unittest.TestCase):
                 for c in range(3):
                     calls.append(((c + k) % 3, lambda c=c, k=k, src=src, tb=tb, key=key:
                                   on[(c + k) % 3][src.id].post("/v1/transfers", tb, key=key)))
-            rs = storm(calls)
+            rs = galera.storm(calls)
             for off, src, dst, amt in plan:
                 self.assertOneExecution(rs[off:off + 3], 201, "transfer %d" % amt)
                 expected[src.id] -= amt
@@ -259,7 +213,8 @@ class GaleraStorm(unittest.TestCase):
         ids = ",".join("'%s'" % m.id for m in ms)
         paid = sum(1 for p in state.values() if p[0] != "failed")
         for side in range(NODES):
-            db = dbserver.with_db(self.cluster.urls[side], self.setup.db.name)
+            node = galera.NodeDb(self.cluster, self.setup, side)
+            db = node.url
             rows = dbserver.sql(db, "SELECT merchant_id, merchant_order_no, count(*)"
                                 " FROM payments GROUP BY merchant_id, merchant_order_no"
                                 " HAVING count(*) > 1")
@@ -273,11 +228,7 @@ class GaleraStorm(unittest.TestCase):
                               paid + refunds + 2 * transfers],
                              "node %d: payments, refunds, transfers, notifications, ledger"
                              % (side + 1))
-
-            class _Db:
-                def sql(self, q, db=db):
-                    return dbserver.sql(db, q)
-            self.assertEqual(galera.ledger_sql(_Db()), expected,
+            self.assertEqual(galera.ledger_sql(node), expected,
                              "node %d: balances differ from the client's totals" % (side + 1))
 
         for side in range(NODES):
@@ -293,5 +244,4 @@ class GaleraStorm(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    galera.preflight()
-    unittest.main(verbosity=2)
+    galera.main()
