@@ -15,8 +15,8 @@
 
 typedef struct {
 	int json;
-	FILE *invalid;      /* JSON array members (--json) or text lines */
-	FILE *mismatches;   /* text lines, without --json */
+	FILE *invalid;    /* JSON array members (--json) or text lines */
+	FILE *mismatches; /* text lines, without --json */
 	int64_t ninvalid, nmismatch;
 	int spool_error;
 	cli_progress prog;
@@ -46,8 +46,8 @@ static void on_mismatch(void *arg, const idem_recon_mismatch *m)
 
 	if (!c->json && c->nmismatch < SHOW_MISMATCHES &&
 	    fprintf(c->mismatches, "  line %lld: %s %s/%s (%s): %s\n", (long long)m->line,
-		    m->channel_txn_id, m->merchant_id, m->merchant_order_no, m->payment_id,
-		    m->detail) < 0)
+	            m->channel_txn_id, m->merchant_id, m->merchant_order_no, m->payment_id,
+	            m->detail) < 0)
 		c->spool_error = 1;
 	c->nmismatch++;
 }
@@ -108,7 +108,7 @@ static int run(const cli_globals *g, int argc, char **argv)
 	if ((rc = cli_open_opts(g, &so, &store, &pay)) != 0)
 		goto done;
 	cli_progress_start(&c.prog, "importing",
-			   fstat(fileno(in), &st) == 0 && S_ISREG(st.st_mode) ? st.st_size : 0);
+	                   fstat(fileno(in), &st) == 0 && S_ISREG(st.st_mode) ? st.st_size : 0);
 	ro.on_invalid = on_invalid;
 	ro.on_mismatch = on_mismatch;
 	ro.on_progress = on_progress;
@@ -118,10 +118,11 @@ static int run(const cli_globals *g, int argc, char **argv)
 	if (rc < 0) {
 		rc = cli_fail(rc == IDEM_EINVAL ? "cannot import" : "import stopped", rc);
 		if (rep.rows)
-			fprintf(stderr,
-				"idemctl: %lld rows read before the failure; importing the file again "
-				"completes it\n",
-				(long long)rep.rows);
+			fprintf(
+			    stderr,
+			    "idemctl: %lld rows read before the failure; importing the file again "
+			    "completes it\n",
+			    (long long)rep.rows);
 		goto done;
 	}
 	if (c.spool_error || fflush(c.invalid) != 0 || fflush(c.mismatches) != 0) {
@@ -169,21 +170,21 @@ done:
 }
 
 const cli_command cli_recon_import = {
-	"recon import",
-	"import a channel's reconciliation CSV, each row recorded once",
-	"recon import CHANNEL FILE.csv [--json]\n\n"
-	"Streams FILE (\"-\": standard input) in constant memory. The first row must be\n"
-	"the header " IDEM_RECON_HEADER "\n"
-	"(a UTF-8 BOM, quoted fields, embedded commas and CRLF line ends are fine;\n"
-	"lines up to 4096 bytes). status is SUCCESS or FAILED; amount is an integer in\n"
-	"minor units; paid_at an RFC 3339 time. Each row is claimed through the\n"
-	"(channel, channel_txn_id) index, so it is recorded once however often it\n"
-	"appears, in this file or earlier imports, then compared with the merchant's\n"
-	"payment of that order number: matched, mismatched, or missing_local.\n"
-	"Mismatches and invalid rows (with their line numbers) are listed. A progress\n"
-	"bar is drawn when stderr is a terminal. Importing a file again inserts nothing.\n"
-	"--json prints exactly {\"rows\", \"inserted\", \"duplicates\", \"matched\",\n"
-	"\"mismatched\", \"missing_local\", \"invalid\": [{\"line\", \"reason\"}]}.\n\n"
-	"example:\n  idemctl --db sqlite:var/idem.db recon import wechat settle-20261001.csv\n",
-	run,
+    "recon import",
+    "import a channel's reconciliation CSV, each row recorded once",
+    "recon import CHANNEL FILE.csv [--json]\n\n"
+    "Streams FILE (\"-\": standard input) in constant memory. The first row must be\n"
+    "the header " IDEM_RECON_HEADER "\n"
+    "(a UTF-8 BOM, quoted fields, embedded commas and CRLF line ends are fine;\n"
+    "lines up to 4096 bytes). status is SUCCESS or FAILED; amount is an integer in\n"
+    "minor units; paid_at an RFC 3339 time. Each row is claimed through the\n"
+    "(channel, channel_txn_id) index, so it is recorded once however often it\n"
+    "appears, in this file or earlier imports, then compared with the merchant's\n"
+    "payment of that order number: matched, mismatched, or missing_local.\n"
+    "Mismatches and invalid rows (with their line numbers) are listed. A progress\n"
+    "bar is drawn when stderr is a terminal. Importing a file again inserts nothing.\n"
+    "--json prints exactly {\"rows\", \"inserted\", \"duplicates\", \"matched\",\n"
+    "\"mismatched\", \"missing_local\", \"invalid\": [{\"line\", \"reason\"}]}.\n\n"
+    "example:\n  idemctl --db sqlite:var/idem.db recon import wechat settle-20261001.csv\n",
+    run,
 };

@@ -14,7 +14,7 @@
 static int by_type(const void *a, const void *b)
 {
 	return strcmp(((const idem_stats_type *)a)->business_type,
-		      ((const idem_stats_type *)b)->business_type);
+	              ((const idem_stats_type *)b)->business_type);
 }
 
 /* Add shard report s into r (counts summed; instances: the most any shard saw,
@@ -34,7 +34,8 @@ static int merge(idem_stats_report *r, const idem_stats_report *s)
 			if (strcmp(r->types[k].business_type, t->business_type) == 0)
 				into = &r->types[k];
 		if (!into) {
-			idem_stats_type *types = realloc(r->types, (r->ntypes + 1) * sizeof(*types));
+			idem_stats_type *types =
+			    realloc(r->types, (r->ntypes + 1) * sizeof(*types));
 
 			if (!types)
 				return 1;
@@ -71,7 +72,8 @@ static int run(const cli_globals *g, int argc, char **argv)
 		if ((v = cli_opt_value(argc, argv, &i, "--window", &missing)) || missing) {
 			if (missing || cli_parse_duration_ms(v, &window_ms) < 0 ||
 			    window_ms > 366LL * 86400 * 1000)
-				return cli_usage_error("--window needs a duration such as 90s, 5m, 1h");
+				return cli_usage_error(
+				    "--window needs a duration such as 90s, 5m, 1h");
 		} else {
 			return cli_usage_error("stats: unexpected argument '%s'", argv[i]);
 		}
@@ -109,18 +111,18 @@ static int run(const cli_globals *g, int argc, char **argv)
 			json_object_set_new(
 			    types, t->business_type,
 			    json_pack("{s:I, s:I, s:I, s:I, s:I, s:{s:I, s:I, s:I}}", "first",
-				      (json_int_t)t->outcomes[IDEM_FIRST], "replay",
-				      (json_int_t)t->outcomes[IDEM_REPLAY], "in_progress",
-				      (json_int_t)t->outcomes[IDEM_IN_PROGRESS], "mismatch",
-				      (json_int_t)t->outcomes[IDEM_MISMATCH], "error",
-				      (json_int_t)t->outcomes[IDEM_COUNT_ERROR], "records",
-				      "processing", (json_int_t)t->processing, "succeeded",
-				      (json_int_t)t->succeeded, "failed", (json_int_t)t->failed));
+			              (json_int_t)t->outcomes[IDEM_FIRST], "replay",
+			              (json_int_t)t->outcomes[IDEM_REPLAY], "in_progress",
+			              (json_int_t)t->outcomes[IDEM_IN_PROGRESS], "mismatch",
+			              (json_int_t)t->outcomes[IDEM_MISMATCH], "error",
+			              (json_int_t)t->outcomes[IDEM_COUNT_ERROR], "records",
+			              "processing", (json_int_t)t->processing, "succeeded",
+			              (json_int_t)t->succeeded, "failed", (json_int_t)t->failed));
 		}
 		rc = cli_print_json(json_pack(
 		    "{s:I, s:I, s:I, s:f, s:I, s:i, s:o}", "window_seconds",
-		    (json_int_t)(window_ms / 1000), "requests", (json_int_t)r.requests, "duplicates",
-		    (json_int_t)r.duplicates, "duplicate_ratio", ratio, "errors",
+		    (json_int_t)(window_ms / 1000), "requests", (json_int_t)r.requests,
+		    "duplicates", (json_int_t)r.duplicates, "duplicate_ratio", ratio, "errors",
 		    (json_int_t)r.errors, "instances", r.instances, "by_type", types));
 	} else {
 		printf("window %llds, %d idemd instance%s reporting\n",
@@ -128,8 +130,9 @@ static int run(const cli_globals *g, int argc, char **argv)
 		printf("requests %lld, duplicates %lld (%.2f %%), errors %lld\n\n",
 		       (long long)r.requests, (long long)r.duplicates, ratio * 100,
 		       (long long)r.errors);
-		printf("%-14s %10s %10s %11s %10s %8s | %10s %10s %10s\n", "TYPE", "FIRST", "REPLAY",
-		       "IN_PROGRESS", "MISMATCH", "ERROR", "PROCESSING", "SUCCEEDED", "FAILED");
+		printf("%-14s %10s %10s %11s %10s %8s | %10s %10s %10s\n", "TYPE", "FIRST",
+		       "REPLAY", "IN_PROGRESS", "MISMATCH", "ERROR", "PROCESSING", "SUCCEEDED",
+		       "FAILED");
 		for (size_t i = 0; i < r.ntypes; i++) {
 			const idem_stats_type *t = &r.types[i];
 
@@ -144,11 +147,12 @@ static int run(const cli_globals *g, int argc, char **argv)
 		printf("(outcomes: requests in the window; records: stored now)\n");
 	}
 	if (rc == 0 && ratio > WARN_RATIO) {
-		fprintf(stderr,
-			"idemctl: warning: duplicate ratio %.2f %% (%lld of %lld requests in the last "
-			"%llds) is above 5 %%: check clients' retry behaviour\n",
-			ratio * 100, (long long)r.duplicates, (long long)r.requests,
-			(long long)(window_ms / 1000));
+		fprintf(
+		    stderr,
+		    "idemctl: warning: duplicate ratio %.2f %% (%lld of %lld requests in the last "
+		    "%llds) is above 5 %%: check clients' retry behaviour\n",
+		    ratio * 100, (long long)r.duplicates, (long long)r.requests,
+		    (long long)(window_ms / 1000));
 		rc = EXIT_CHECK;
 	}
 done:
@@ -158,17 +162,17 @@ done:
 }
 
 const cli_command cli_stats = {
-	"stats",
-	"requests by type and outcome, duplicate ratio (exit 3 above 5 %)",
-	"stats [--window DUR] [--json]\n\n"
-	"Sums the outcome counters every idemd instance flushes to the store (every few\n"
-	"seconds) over the last DUR (default 5m; 90s, 5m, 1h, 1d), and counts stored\n"
-	"records by business type and status. Prints a warning and exits 3 when the\n"
-	"duplicate ratio (replays, in-progress and mismatches over all requests) is\n"
-	"above 5 %. With several --db (shards), every shard's counters are summed.\n"
-	"--json prints {\"window_seconds\", \"requests\", \"duplicates\", \"duplicate_ratio\",\n"
-	"\"errors\", \"instances\", \"by_type\": {TYPE: {\"first\", \"replay\", \"in_progress\",\n"
-	"\"mismatch\", \"error\", \"records\": {\"processing\", \"succeeded\", \"failed\"}}}}.\n\n"
-	"example:\n  idemctl --db postgresql://idem@127.0.0.1/idem stats --window 15m --json\n",
-	run,
+    "stats",
+    "requests by type and outcome, duplicate ratio (exit 3 above 5 %)",
+    "stats [--window DUR] [--json]\n\n"
+    "Sums the outcome counters every idemd instance flushes to the store (every few\n"
+    "seconds) over the last DUR (default 5m; 90s, 5m, 1h, 1d), and counts stored\n"
+    "records by business type and status. Prints a warning and exits 3 when the\n"
+    "duplicate ratio (replays, in-progress and mismatches over all requests) is\n"
+    "above 5 %. With several --db (shards), every shard's counters are summed.\n"
+    "--json prints {\"window_seconds\", \"requests\", \"duplicates\", \"duplicate_ratio\",\n"
+    "\"errors\", \"instances\", \"by_type\": {TYPE: {\"first\", \"replay\", \"in_progress\",\n"
+    "\"mismatch\", \"error\", \"records\": {\"processing\", \"succeeded\", \"failed\"}}}}.\n\n"
+    "example:\n  idemctl --db postgresql://idem@127.0.0.1/idem stats --window 15m --json\n",
+    run,
 };

@@ -68,17 +68,17 @@ static void urls(void **state)
 {
 	test_net_fixture *f = test_net_open(state, "mariadb", 1);
 	const char *bad[] = {
-		"mysql://idem@127.0.0.1:3306",          /* no database */
-		"mysql://idem@127.0.0.1:3306/",         /* empty database */
-		"mysql://127.0.0.1:3306/db",            /* no user */
-		"mysql://idem:p%zz@127.0.0.1/db",       /* bad escape */
-		"mysql://idem:p%00@127.0.0.1/db",       /* NUL */
-		"mysql://idem@127.0.0.1:99999/db",      /* port */
-		"mysql://idem@127.0.0.1:/db",           /* empty port */
-		"mysql://idem@[::1/db",                 /* bracket */
-		"mysql://idem@127.0.0.1/db?user=root",  /* unknown parameter */
-		"mysql://idem@127.0.0.1/a/b",           /* path */
-		"mysql:idem@127.0.0.1/db",              /* not a URL */
+	    "mysql://idem@127.0.0.1:3306",         /* no database */
+	    "mysql://idem@127.0.0.1:3306/",        /* empty database */
+	    "mysql://127.0.0.1:3306/db",           /* no user */
+	    "mysql://idem:p%zz@127.0.0.1/db",      /* bad escape */
+	    "mysql://idem:p%00@127.0.0.1/db",      /* NUL */
+	    "mysql://idem@127.0.0.1:99999/db",     /* port */
+	    "mysql://idem@127.0.0.1:/db",          /* empty port */
+	    "mysql://idem@[::1/db",                /* bracket */
+	    "mysql://idem@127.0.0.1/db?user=root", /* unknown parameter */
+	    "mysql://idem@127.0.0.1/a/b",          /* path */
+	    "mysql:idem@127.0.0.1/db",             /* not a URL */
 	};
 	idem_store *s = (idem_store *)1;
 	char url[512];
@@ -111,20 +111,21 @@ static int insert_keys(idem_txn *txn, void *ctx)
 	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
 		idem_value p[2] = {IDEM_V_TEXT(keys[i]), IDEM_V_INT(i)};
 
-		rc = idem_txn_exec(txn,
-				   "INSERT INTO idem_records (scope, business_type, idem_key, version,"
-				   " status, fingerprint, created_at, expires_at)"
-				   " VALUES ('s', 'payment', ?, 1, 'SUCCEEDED', 'f', ?, 0)",
-				   p, 2, NULL);
+		rc = idem_txn_exec(
+		    txn,
+		    "INSERT INTO idem_records (scope, business_type, idem_key, version,"
+		    " status, fingerprint, created_at, expires_at)"
+		    " VALUES ('s', 'payment', ?, 1, 'SUCCEEDED', 'f', ?, 0)",
+		    p, 2, NULL);
 		if (rc < 0)
 			return rc;
 	}
 	/* The same bytes again: the idempotency index refuses it. */
 	rc = idem_txn_exec(txn,
-			   "INSERT INTO idem_records (scope, business_type, idem_key, version,"
-			   " status, fingerprint, created_at, expires_at)"
-			   " VALUES ('s', 'payment', 'A1', 1, 'SUCCEEDED', 'f', 9, 0)",
-			   NULL, 0, NULL);
+	                   "INSERT INTO idem_records (scope, business_type, idem_key, version,"
+	                   " status, fingerprint, created_at, expires_at)"
+	                   " VALUES ('s', 'payment', 'A1', 1, 'SUCCEEDED', 'f', 9, 0)",
+	                   NULL, 0, NULL);
 	assert_int_equal(rc, IDEM_ECONFLICT);
 	assert_int_equal(idem_error_last()->driver_code, 1062);
 	return 0;
@@ -144,10 +145,10 @@ static void keys_are_bytes(void **state)
 
 	assert_int_equal(idem_store_transact(f->store, insert_keys, NULL), 0);
 	assert_int_equal(idem_store_query(f->store,
-					  "SELECT count(*) FROM idem_records WHERE scope = 's'"
-					  " AND business_type = 'payment' AND idem_key = ?",
-					  &IDEM_V_TEXT("A1"), 1, test_first_int, &n),
-			 0);
+	                                  "SELECT count(*) FROM idem_records WHERE scope = 's'"
+	                                  " AND business_type = 'payment' AND idem_key = ?",
+	                                  &IDEM_V_TEXT("A1"), 1, test_first_int, &n),
+	                 0);
 	assert_int_equal(n, 1);
 	/* Through the claim path too. */
 	assert_int_equal(run_unit(f, "A1", &u, &res), 0);
@@ -179,13 +180,13 @@ static void constraint_errors_are_not_duplicates(void **state)
 	assert_int_equal(run_unit(f, "K", &u, &res), IDEM_ECONSTRAINT);
 	assert_int_equal(idem_error_last()->driver_code, 4025);
 	/* STRICT_ALL_TABLES: a value too long is refused, not truncated. */
-	snprintf(sql, sizeof(sql), "INSERT INTO work_log (scope, k, worker) VALUES ('%0300d', 'x', 1)",
-		 0);
+	snprintf(sql, sizeof(sql),
+	         "INSERT INTO work_log (scope, k, worker) VALUES ('%0300d', 'x', 1)", 0);
 	u.sql = sql;
 	assert_int_equal(run_unit(f, "K", &u, &res), IDEM_ESTORE);
 	assert_int_equal(idem_error_last()->driver_code, 1406);
 	assert_int_equal(idem_record_get(&info, f->store, f->scope, "payment", "K", 1),
-			 IDEM_ENOTFOUND);
+	                 IDEM_ENOTFOUND);
 	u.sql = NULL;
 	assert_int_equal(run_unit(f, "K", &u, &res), 0);
 	assert_int_equal(res.outcome, IDEM_FIRST);
@@ -197,12 +198,12 @@ static int make_types(idem_txn *txn, void *ctx)
 {
 	static const unsigned char bytes[] = {'a', 0, 0xff, '?', 'z'};
 	idem_value p[4] = {IDEM_V_INT(-9007199254740993LL), IDEM_V_TEXT("it's ?"),
-			   IDEM_V_BLOB(bytes, sizeof(bytes)), IDEM_V_NULL};
+	                   IDEM_V_BLOB(bytes, sizeof(bytes)), IDEM_V_NULL};
 	int rc;
 
 	(void)ctx;
 	if ((rc = idem_txn_exec(txn, "CREATE TABLE typed (i BIGINT, t TEXT, b BLOB, n INTEGER)",
-				NULL, 0, NULL)) < 0)
+	                        NULL, 0, NULL)) < 0)
 		return rc;
 	return idem_txn_exec(txn, "INSERT INTO typed (i, t, b, n) VALUES (?, ?, ?, ?)", p, 4, NULL);
 }
@@ -215,9 +216,9 @@ static void value_types(void **state)
 
 	assert_int_equal(idem_store_transact(f->store, make_types, NULL), 0);
 	assert_int_equal(idem_store_query(f->store,
-					  "SELECT i, t, b, n, sum(i), 'x' FROM typed WHERE t = ?",
-					  &IDEM_V_TEXT("it's ?"), 1, test_copy_row, &r),
-			 0);
+	                                  "SELECT i, t, b, n, sum(i), 'x' FROM typed WHERE t = ?",
+	                                  &IDEM_V_TEXT("it's ?"), 1, test_copy_row, &r),
+	                 0);
 	assert_int_equal(r.n, 6);
 	assert_int_equal(r.v[0].type, IDEM_VAL_INT);
 	assert_true(r.v[0].i == -9007199254740993LL);
@@ -231,7 +232,7 @@ static void value_types(void **state)
 	assert_true(r.v[4].i == -9007199254740993LL);
 	assert_int_equal(r.v[5].type, IDEM_VAL_TEXT);
 	assert_int_equal(idem_store_query(f->store, "SELECT ?, ?", &IDEM_V_INT(1), 1, NULL, NULL),
-			 IDEM_EINVAL);
+	                 IDEM_EINVAL);
 }
 
 static int update_both(idem_txn *txn, void *ctx)
@@ -240,13 +241,13 @@ static int update_both(idem_txn *txn, void *ctx)
 
 	(void)ctx;
 	if ((rc = idem_txn_exec(txn, "CREATE TABLE acc (a BIGINT NOT NULL, b VARCHAR(8) NOT NULL)",
-				NULL, 0, NULL)) < 0 ||
+	                        NULL, 0, NULL)) < 0 ||
 	    (rc = idem_txn_exec(txn, "INSERT INTO acc (a, b) VALUES (1, 'x')", NULL, 0, NULL)) < 0)
 		return rc;
 	return idem_txn_exec(txn,
-			     "UPDATE acc SET a = a + ?, b = CASE WHEN a + ? = 3 THEN 'full'"
-			     " ELSE 'part' END",
-			     (idem_value[]){IDEM_V_INT(2), IDEM_V_INT(2)}, 2, NULL);
+	                     "UPDATE acc SET a = a + ?, b = CASE WHEN a + ? = 3 THEN 'full'"
+	                     " ELSE 'part' END",
+	                     (idem_value[]){IDEM_V_INT(2), IDEM_V_INT(2)}, 2, NULL);
 }
 
 /*
@@ -259,8 +260,8 @@ static void update_sees_old_values(void **state)
 	test_row r = {0};
 
 	assert_int_equal(idem_store_transact(f->store, update_both, NULL), 0);
-	assert_int_equal(idem_store_query(f->store, "SELECT a, b FROM acc", NULL, 0, test_copy_row, &r),
-			 0);
+	assert_int_equal(
+	    idem_store_query(f->store, "SELECT a, b FROM acc", NULL, 0, test_copy_row, &r), 0);
 	assert_int_equal(r.v[0].i, 3);
 	assert_string_equal(r.text[1], "full");
 }
@@ -284,12 +285,8 @@ static void half_done_migration_reruns(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		T(urls),
-		T(keys_are_bytes),
-		T(constraint_errors_are_not_duplicates),
-		T(value_types),
-		T(update_sees_old_values),
-		T(half_done_migration_reruns),
+	    T(urls),        T(keys_are_bytes),         T(constraint_errors_are_not_duplicates),
+	    T(value_types), T(update_sees_old_values), T(half_done_migration_reruns),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -31,11 +31,11 @@ static void backend_and_schemes(void **state)
 	/* Bad URLs are bad input, an absent server is unavailable. */
 	s = (idem_store *)1;
 	assert_int_equal(idem_store_open(&s, "postgresql://a@b/x?nosuchparam=1", NULL),
-			 IDEM_EINVAL);
+	                 IDEM_EINVAL);
 	assert_null(s);
 	assert_int_equal(idem_store_open(&s, "postgresql:idem@127.0.0.1/x", NULL), IDEM_EINVAL);
 	assert_int_equal(idem_store_open(&s, "postgresql://idem@127.0.0.1:1/x", NULL),
-			 IDEM_EUNAVAIL);
+	                 IDEM_EUNAVAIL);
 	assert_null(s);
 }
 
@@ -43,20 +43,20 @@ static int make_types(idem_txn *txn, void *ctx)
 {
 	static const unsigned char bytes[] = {'a', 0, 0xff, '?', 'z'};
 	idem_value p[4] = {IDEM_V_INT(-9007199254740993LL), IDEM_V_TEXT("it's ?"),
-			   IDEM_V_BLOB(bytes, sizeof(bytes)), IDEM_V_NULL};
+	                   IDEM_V_BLOB(bytes, sizeof(bytes)), IDEM_V_NULL};
 	int rc;
 
 	(void)ctx;
 	if ((rc = idem_txn_exec(txn,
-				"CREATE TABLE typed (i BIGINT, t TEXT, b BYTEA, n INTEGER,"
-				" note TEXT DEFAULT 'what? no')",
-				NULL, 0, NULL)) < 0)
+	                        "CREATE TABLE typed (i BIGINT, t TEXT, b BYTEA, n INTEGER,"
+	                        " note TEXT DEFAULT 'what? no')",
+	                        NULL, 0, NULL)) < 0)
 		return rc;
 	/* '?' in a literal and a comment is not a placeholder. */
 	return idem_txn_exec(txn,
-			     "INSERT INTO typed (i, t, b, n, note) /* why? */"
-			     " VALUES (?, ?, ?, ?, 'really?') -- or?\n",
-			     p, 4, NULL);
+	                     "INSERT INTO typed (i, t, b, n, note) /* why? */"
+	                     " VALUES (?, ?, ?, ?, 'really?') -- or?\n",
+	                     p, 4, NULL);
 }
 
 static void placeholders_and_types(void **state)
@@ -67,10 +67,10 @@ static void placeholders_and_types(void **state)
 
 	assert_int_equal(idem_store_transact(f->store, make_types, NULL), 0);
 	assert_int_equal(idem_store_query(f->store,
-					  "SELECT i, t, b, n, note, i + 1, sum(i) OVER (), true"
-					  " FROM typed WHERE t = ? AND note = 'really?'",
-					  &IDEM_V_TEXT("it's ?"), 1, test_copy_row, &r),
-			 0);
+	                                  "SELECT i, t, b, n, note, i + 1, sum(i) OVER (), true"
+	                                  " FROM typed WHERE t = ? AND note = 'really?'",
+	                                  &IDEM_V_TEXT("it's ?"), 1, test_copy_row, &r),
+	                 0);
 	assert_int_equal(r.n, 8);
 	assert_int_equal(r.v[0].type, IDEM_VAL_INT);
 	assert_true(r.v[0].i == -9007199254740993LL);
@@ -88,11 +88,11 @@ static void placeholders_and_types(void **state)
 	assert_int_equal(r.v[7].i, 1);
 	/* Placeholder count is checked before anything runs. */
 	assert_int_equal(idem_store_query(f->store, "SELECT ?, ?", &IDEM_V_INT(1), 1, NULL, NULL),
-			 IDEM_EINVAL);
+	                 IDEM_EINVAL);
 	/* Text cannot carry NUL in PostgreSQL: refused, not truncated. */
-	assert_int_equal(idem_store_query(f->store, "SELECT ?", &IDEM_V_TEXTN("a\0b", 3), 1, NULL,
-					  NULL),
-			 IDEM_EINVAL);
+	assert_int_equal(
+	    idem_store_query(f->store, "SELECT ?", &IDEM_V_TEXTN("a\0b", 3), 1, NULL, NULL),
+	    IDEM_EINVAL);
 }
 
 static int make_uniq(idem_txn *txn, void *ctx)
@@ -119,11 +119,12 @@ static int conflict_then_continue(idem_txn *txn, void *ctx)
 	assert_int_equal(rc, IDEM_ECONSTRAINT);
 	assert_string_equal(idem_error_last()->sqlstate, "23502");
 	assert_int_equal(idem_txn_try_exec(txn, "INSERT INTO nowhere VALUES (1)", NULL, 0, NULL),
-			 IDEM_ESTORE);
+	                 IDEM_ESTORE);
 	assert_string_equal(idem_error_last()->sqlstate, "42P01");
 	if ((rc = idem_txn_exec(txn, "INSERT INTO orders (no) VALUES ('o2')", NULL, 0, NULL)) < 0)
 		return rc;
-	if ((rc = idem_txn_query(txn, "SELECT count(*) FROM orders", NULL, 0, test_first_int, &n)) < 0)
+	if ((rc = idem_txn_query(txn, "SELECT count(*) FROM orders", NULL, 0, test_first_int, &n)) <
+	    0)
 		return rc;
 	assert_int_equal(n, 2);
 	return 0;
@@ -143,9 +144,9 @@ static void failed_statement_keeps_transaction(void **state)
 	assert_int_equal(idem_store_transact(f->store, make_uniq, NULL), 0);
 	assert_int_equal(idem_store_transact(f->store, insert_o1, NULL), 0);
 	assert_int_equal(idem_store_transact(f->store, conflict_then_continue, NULL), 0);
-	assert_int_equal(idem_store_query(f->store, "SELECT count(*) FROM orders", NULL, 0,
-					  test_first_int, &n),
-			 0);
+	assert_int_equal(
+	    idem_store_query(f->store, "SELECT count(*) FROM orders", NULL, 0, test_first_int, &n),
+	    0);
 	assert_int_equal(n, 2);
 }
 
@@ -154,9 +155,9 @@ static void failed_statement_keeps_transaction(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		T(backend_and_schemes),
-		T(placeholders_and_types),
-		T(failed_statement_keeps_transaction),
+	    T(backend_and_schemes),
+	    T(placeholders_and_types),
+	    T(failed_statement_keeps_transaction),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
