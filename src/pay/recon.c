@@ -347,6 +347,26 @@ static void release_slot(job *j, slot *s)
 	pthread_cond_broadcast(&j->cond);
 }
 
+/* The import fails with rc and its detail (the first error wins); with
+ * j->lock held. */
+static void job_fail_locked(job *j, int rc)
+{
+	if (!j->err) {
+		j->err = rc;
+		j->err_detail = *idem_error_last();
+	}
+}
+
+/* Slot s's row could not start (rc): the import stops, s is free again. */
+static void abandon(job *j, slot *s, int rc)
+{
+	pthread_mutex_lock(&j->lock);
+	job_fail_locked(j, rc);
+	j->stop = 1;
+	release_slot(j, s);
+	pthread_mutex_unlock(&j->lock);
+}
+
 static void recon_done(void *ctx, int rc, idem_result *res)
 {
 	slot *s = ctx;
@@ -355,10 +375,7 @@ static void recon_done(void *ctx, int rc, idem_result *res)
 
 	pthread_mutex_lock(&j->lock);
 	if (rc < 0) {
-		if (!j->err) {
-			j->err = rc;
-			j->err_detail = *idem_error_last();
-		}
+		job_fail_locked(j, rc);
 	} else if (res->outcome == IDEM_FIRST && s->result != R_DUPLICATE && s->result != R_NONE) {
 		r->inserted++;
 		if (s->result == R_MATCHED) {
@@ -446,14 +463,7 @@ static void dispatch(job *j, int64_t line, int64_t amount)
 	s->amount = amount;
 	s->result = R_NONE;
 	if ((rc = fingerprint(s)) < 0) {
-		pthread_mutex_lock(&j->lock);
-		if (!j->err) {
-			j->err = rc;
-			j->err_detail = *idem_error_last();
-		}
-		j->stop = 1;
-		release_slot(j, s);
-		pthread_mutex_unlock(&j->lock);
+		abandon(j, s, rc);
 		return;
 	}
 	s->req = (idem_request)IDEM_REQUEST_INIT;
@@ -470,14 +480,7 @@ static void dispatch(job *j, int64_t line, int64_t amount)
 		idem_pay *home = j->pay;
 
 		if ((rc = pay__route(j->pay, s->merchant, &home)) < 0) {
-			pthread_mutex_lock(&j->lock);
-			if (!j->err) {
-				j->err = rc;
-				j->err_detail = *idem_error_last();
-			}
-			j->stop = 1;
-			release_slot(j, s);
-			pthread_mutex_unlock(&j->lock);
+			abandon(j, s, rc);
 			return;
 		}
 		idem_execute_async(home->store, &s->req, recon_work, s, recon_done, s);
