@@ -19,6 +19,17 @@ static const char *path_of(const char *url)
 	return url + strlen("sqlite:");
 }
 
+/* A payment request of merchant m_1 for key, fingerprinted over "{}". */
+static void payment_request(idem_request *r, char fp[65], const char *key)
+{
+	test_fp(fp, "{}");
+	r->scope = "m_1";
+	r->business_type = "payment";
+	r->key = key;
+	r->key_len = strlen(key);
+	r->fingerprint = fp;
+}
+
 static int first_text(void *ctx, const idem_value *cols, int n)
 {
 	snprintf(ctx, 32, "%.*s", n > 0 ? (int)cols[0].len : 0,
@@ -64,12 +75,7 @@ static void memory_store(void **state)
 
 	(void)state;
 	assert_int_equal(idem_store_open(&store, "sqlite::memory:", NULL), 0);
-	test_fp(fp, "{}");
-	r.scope = "m_1";
-	r.business_type = "payment";
-	r.key = "k";
-	r.key_len = 1;
-	r.fingerprint = fp;
+	payment_request(&r, fp, "k");
 	assert_int_equal(idem_claim_begin(&c, &res, store, &r), 0);
 	assert_int_equal(res.outcome, IDEM_FIRST);
 	assert_int_equal(idem_claim_complete(c, 201, "m", 1), 0);
@@ -154,12 +160,7 @@ static void locked_database_is_an_error(void **state)
 	assert_int_equal(sqlite3_open(path_of(url), &other), SQLITE_OK);
 	assert_int_equal(sqlite3_exec(other, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
 
-	test_fp(fp, "{}");
-	r.scope = "m_1";
-	r.business_type = "payment";
-	r.key = "locked";
-	r.key_len = 6;
-	r.fingerprint = fp;
+	payment_request(&r, fp, "locked");
 	assert_int_equal(idem_execute(&res, store, &r, noop_unit, &calls), IDEM_ERETRY);
 	assert_int_equal(res.outcome, 0);
 	assert_int_equal(calls, 0);
@@ -301,12 +302,7 @@ static void read_inside_txn_without_readers(const char *url, int batch)
 	assert_int_equal(idem_store_open(&store, url, &opts), 0);
 	assert_int_equal(idem_store_transact(store, count_in_txn, &n), 0);
 	assert_int_equal(n, 0);
-	test_fp(fp, "{}");
-	r.scope = "m_1";
-	r.business_type = "payment";
-	r.key = "k";
-	r.key_len = 1;
-	r.fingerprint = fp;
+	payment_request(&r, fp, "k");
 	n = -1;
 	assert_int_equal(idem_execute(&res, store, &r, count_in_work, &n), 0);
 	assert_int_equal(res.outcome, IDEM_FIRST);
