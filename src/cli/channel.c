@@ -58,11 +58,12 @@ static int parse_conn_args(const char *cmd, int argc, char **argv, conn_args *a)
 		} else if ((v = cli_opt_value(argc, argv, &i, "--timeout-ms", &missing)) ||
 		           missing) {
 			if (missing || cli_parse_long(v, 1, 600000, &a->timeout_ms) < 0)
-				return cli_usage_error("--timeout-ms needs a number of ms, 1..600000");
+				return cli_usage_error(
+				    "--timeout-ms needs a number of ms, 1..600000");
 			a->has_timeout = 1;
 		} else if (argv[i][0] == '-' || a->name) {
-			return cli_usage_error("%s takes one NAME and --base-url URL, --timeout-ms N",
-			                       cmd);
+			return cli_usage_error(
+			    "%s takes one NAME and --base-url URL, --timeout-ms N", cmd);
 		} else {
 			a->name = argv[i];
 		}
@@ -149,9 +150,9 @@ static int list_entry(void *ctx, const idem_admin_entry *e)
 	l->n++;
 	if (l->json)
 		return json_array_append_new(l->list, json_pack("{s:s, s:s}", "channel", e->id,
-								"created_at", when)) < 0
-			   ? IDEM_ENOMEM
-			   : 0;
+		                                                "created_at", when)) < 0
+		           ? IDEM_ENOMEM
+		           : 0;
 	printf("%-32s  %s\n", e->id, when);
 	return 0;
 }
@@ -159,7 +160,8 @@ static int list_entry(void *ctx, const idem_admin_entry *e)
 static int list(const cli_globals *g, int argc, char **argv)
 {
 	(void)argv;
-	return cli_list_run(g, argc, "channel", idem_admin_channel_list, list_entry, "%-32s  %s\n", "CHANNEL", "CREATED_AT");
+	return cli_list_run(g, argc, "channel", idem_admin_channel_list, list_entry, "%-32s  %s\n",
+	                    "CHANNEL", "CREATED_AT");
 }
 
 static int rotate(const cli_globals *g, int argc, char **argv)
@@ -191,50 +193,50 @@ static int rotate(const cli_globals *g, int argc, char **argv)
 }
 
 const cli_command cli_channel_add = {
-	"channel add",
-	"register a payment channel and print its signing secret",
-	"channel add NAME [--base-url URL [--timeout-ms N]] [--json]\n\n"
-	"Registers a channel (1..32 of a-z 0-9 _ -) and prints its HMAC secret once.\n"
-	"With --base-url, idemd sends payments and refunds on it to that channel\n"
-	"(docs/channels.md, the CHANNEL.md protocol), each call given --timeout-ms\n"
-	"(default 5000); without it the channel only sends notifications.\n"
-	"--json prints {\"channel\", \"secret\", \"base_url\", \"timeout_ms\"}.\n\n"
-	"example:\n  idemctl --db sqlite:var/idem.db channel add wechat"
-	" --base-url https://pay.example.com/v1 --json\n",
-	add,
+    "channel add",
+    "register a payment channel and print its signing secret",
+    "channel add NAME [--base-url URL [--timeout-ms N]] [--json]\n\n"
+    "Registers a channel (1..32 of a-z 0-9 _ -) and prints its HMAC secret once.\n"
+    "With --base-url, idemd sends payments and refunds on it to that channel\n"
+    "(docs/channels.md, the CHANNEL.md protocol), each call given --timeout-ms\n"
+    "(default 5000); without it the channel only sends notifications.\n"
+    "--json prints {\"channel\", \"secret\", \"base_url\", \"timeout_ms\"}.\n\n"
+    "example:\n  idemctl --db sqlite:var/idem.db channel add wechat"
+    " --base-url https://pay.example.com/v1 --json\n",
+    add,
 };
 
 const cli_command cli_channel_connect = {
-	"channel connect",
-	"point an existing channel at its API (or disconnect it)",
-	"channel connect NAME [--base-url URL [--timeout-ms N]] [--json]\n\n"
-	"Sets where idemd calls the channel; without --base-url the channel is\n"
-	"disconnected and only receives notifications again. Running idemd\n"
-	"instances pick the change up within 5 s.\n\n"
-	"example:\n  idemctl --db sqlite:var/idem.db channel connect wechat"
-	" --base-url http://127.0.0.1:9000 --timeout-ms 3000\n",
-	connect_cmd,
+    "channel connect",
+    "point an existing channel at its API (or disconnect it)",
+    "channel connect NAME [--base-url URL [--timeout-ms N]] [--json]\n\n"
+    "Sets where idemd calls the channel; without --base-url the channel is\n"
+    "disconnected and only receives notifications again. Running idemd\n"
+    "instances pick the change up within 5 s.\n\n"
+    "example:\n  idemctl --db sqlite:var/idem.db channel connect wechat"
+    " --base-url http://127.0.0.1:9000 --timeout-ms 3000\n",
+    connect_cmd,
 };
 
 const cli_command cli_channel_list = {
-	"channel list",
-	"list channels (names; never secrets)",
-	"channel list [--json]\n\n"
-	"Lists every channel with its creation time.\n"
-	"--json prints {\"channels\": [{\"channel\", \"created_at\"}]}.\n\n"
-	"example:\n  idemctl --db sqlite:var/idem.db channel list --json\n",
-	list,
+    "channel list",
+    "list channels (names; never secrets)",
+    "channel list [--json]\n\n"
+    "Lists every channel with its creation time.\n"
+    "--json prints {\"channels\": [{\"channel\", \"created_at\"}]}.\n\n"
+    "example:\n  idemctl --db sqlite:var/idem.db channel list --json\n",
+    list,
 };
 
 const cli_command cli_channel_rotate_secret = {
-	"channel rotate-secret",
-	"give a channel a new signing secret",
-	"channel rotate-secret NAME [--json]\n\n"
-	"Replaces the channel's HMAC secret and prints the new one once. Callbacks\n"
-	"signed with the old secret get 401 from the moment this returns.\n"
-	"--json prints {\"channel\", \"secret\"}.\n\n"
-	"example:\n  idemctl --db sqlite:var/idem.db channel rotate-secret wechat\n",
-	rotate,
+    "channel rotate-secret",
+    "give a channel a new signing secret",
+    "channel rotate-secret NAME [--json]\n\n"
+    "Replaces the channel's HMAC secret and prints the new one once. Callbacks\n"
+    "signed with the old secret get 401 from the moment this returns.\n"
+    "--json prints {\"channel\", \"secret\"}.\n\n"
+    "example:\n  idemctl --db sqlite:var/idem.db channel rotate-secret wechat\n",
+    rotate,
 };
 
 /* `channel rekey [--new-secret-key-file PATH]`: seal every secret (again). */
@@ -251,8 +253,9 @@ static int rekey(const cli_globals *g, int argc, char **argv)
 		const char *v = cli_opt_value(argc, argv, &i, "--new-secret-key-file", &missing);
 
 		if (missing || !v || !*v)
-			return cli_usage_error(missing ? "--new-secret-key-file needs a PATH"
-			                               : "channel rekey takes only --new-secret-key-file");
+			return cli_usage_error(
+			    missing ? "--new-secret-key-file needs a PATH"
+			            : "channel rekey takes only --new-secret-key-file");
 		new_path = v;
 	}
 	if (!g->secret_key_file || !*g->secret_key_file)
@@ -270,21 +273,22 @@ static int rekey(const cli_globals *g, int argc, char **argv)
 	else if (g->json)
 		rc = cli_print_json(json_pack("{s:I}", "sealed", (json_int_t)changed));
 	else
-		printf("%lld channel secret%s sealed%s\n", (long long)changed, changed == 1 ? "" : "s",
+		printf("%lld channel secret%s sealed%s\n", (long long)changed,
+		       changed == 1 ? "" : "s",
 		       new_path ? " with the new key: use it from now on" : "");
 	cli_close(store, pay);
 	return rc;
 }
 
 const cli_command cli_channel_rekey = {
-	"channel rekey",
-	"seal every channel secret with the secret key (or a new one)",
-	"channel rekey [--new-secret-key-file PATH] [--json]\n\n"
-	"With --secret-key-file KEY, seals every channel secret stored in plain text\n"
-	"(written before a key was used) with KEY. With --new-secret-key-file NEW, also\n"
-	"opens the sealed ones with KEY and seals all of them with NEW, in one\n"
-	"transaction; then start idemd with NEW. Secrets themselves do not change.\n"
-	"--json prints {\"sealed\": N}.\n\n"
-	"example:\n  idemctl --db sqlite:var/idem.db --secret-key-file /etc/idem/key channel rekey\n",
-	rekey,
+    "channel rekey",
+    "seal every channel secret with the secret key (or a new one)",
+    "channel rekey [--new-secret-key-file PATH] [--json]\n\n"
+    "With --secret-key-file KEY, seals every channel secret stored in plain text\n"
+    "(written before a key was used) with KEY. With --new-secret-key-file NEW, also\n"
+    "opens the sealed ones with KEY and seals all of them with NEW, in one\n"
+    "transaction; then start idemd with NEW. Secrets themselves do not change.\n"
+    "--json prints {\"sealed\": N}.\n\n"
+    "example:\n  idemctl --db sqlite:var/idem.db --secret-key-file /etc/idem/key channel rekey\n",
+    rekey,
 };

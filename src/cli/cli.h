@@ -20,12 +20,12 @@
 #define CLI_MAX_SHARDS 64
 
 typedef struct {
-	const char *db;  /* --db URL or IDEM_DB: shard 0 */
-	int json;        /* --json */
+	const char *db;              /* --db URL or IDEM_DB: shard 0 */
+	int json;                    /* --json */
 	const char *secret_key_file; /* --secret-key-file PATH or IDEM_SECRET_KEY_FILE */
 	/* --db given again: shards 1.. in order (docs/scaling.md, "Sharding"). */
 	const char *shard_db[CLI_MAX_SHARDS];
-	int nshards;     /* stores named: 1 + the extra --db */
+	int nshards; /* stores named: 1 + the extra --db */
 } cli_globals;
 
 /* After cli_open: every shard's store, shard 0 first (the *store returned). */
@@ -33,16 +33,15 @@ extern idem_store *cli_stores[CLI_MAX_SHARDS];
 extern int cli_nstores;
 
 typedef struct {
-	const char *name;    /* "merchant add" */
+	const char *name; /* "merchant add" */
 	const char *summary;
-	const char *usage;   /* shown by --help, with an example */
+	const char *usage; /* shown by --help, with an example */
 	int (*run)(const cli_globals *g, int argc, char **argv);
 } cli_command;
 
-extern const cli_command cli_migrate, cli_merchant_add, cli_merchant_list,
-    cli_merchant_rotate_key, cli_channel_add, cli_channel_connect, cli_channel_list, cli_channel_rotate_secret,
-    cli_channel_rekey,
-    cli_purge, cli_stats, cli_inspect, cli_recon_import, cli_demo;
+extern const cli_command cli_migrate, cli_merchant_add, cli_merchant_list, cli_merchant_rotate_key,
+    cli_channel_add, cli_channel_connect, cli_channel_list, cli_channel_rotate_secret,
+    cli_channel_rekey, cli_purge, cli_stats, cli_inspect, cli_recon_import, cli_demo;
 
 /* Open the store (every shard's, when --db was given several times) and the
  * payment domain over them; prints a one-line error on failure and returns
@@ -50,7 +49,7 @@ extern const cli_command cli_migrate, cli_merchant_add, cli_merchant_list,
 int cli_open(const cli_globals *g, idem_store **store, idem_pay **pay);
 /* The same with store options (migrate off, group commit for imports). */
 int cli_open_opts(const cli_globals *g, const idem_store_opts *opts, idem_store **store,
-		  idem_pay **pay);
+                  idem_pay **pay);
 void cli_close(idem_store *store, idem_pay *pay);
 /* Read the key file and give it to pay (checked against the stored secrets). */
 int cli_use_secret_key(idem_pay *pay, const char *path);
@@ -93,7 +92,7 @@ int cli_list_run(const cli_globals *g, int argc, const char *noun,
 typedef struct {
 	int on;
 	const char *label;
-	int64_t total;      /* 0: unknown (no bar, counts only) */
+	int64_t total; /* 0: unknown (no bar, counts only) */
 	int64_t last_draw_ms;
 } cli_progress;
 

@@ -63,11 +63,11 @@ done:
 }
 
 const cli_command cli_demo = {
-	"demo",
-	"on an empty database, create a demo merchant and the mock channel",
-	"demo [BASE_URL]\n\n"
-	"On an empty database, creates a demo merchant and the 'mock' channel and prints\n"
-	"their credentials and curl examples against BASE_URL (http://127.0.0.1:8080).\n\n"
-	"example:\n  idemctl --db sqlite:var/idem.db demo\n",
-	run,
+    "demo",
+    "on an empty database, create a demo merchant and the mock channel",
+    "demo [BASE_URL]\n\n"
+    "On an empty database, creates a demo merchant and the 'mock' channel and prints\n"
+    "their credentials and curl examples against BASE_URL (http://127.0.0.1:8080).\n\n"
+    "example:\n  idemctl --db sqlite:var/idem.db demo\n",
+    run,
 };

@@ -49,7 +49,7 @@ static int run(const cli_globals *g, int argc, char **argv)
 	rc = idem_record_get(&info, store, argv[0], argv[1], argv[2], strlen(argv[2]));
 	if (rc == IDEM_ENOTFOUND || rc == IDEM_EINVAL) {
 		fprintf(stderr, "idemctl: no record for scope '%s', type '%s', key '%s'\n", argv[0],
-			argv[1], argv[2]);
+		        argv[1], argv[2]);
 		rc = 1;
 		goto done;
 	}
@@ -61,8 +61,8 @@ static int run(const cli_globals *g, int argc, char **argv)
 	cli_time(expires, info.expires_at_ms);
 	cli_time(lease, strcmp(info.status, "PROCESSING") == 0 ? info.lease_until_ms : 0);
 	if (g->json) {
-		json_t *body = info.body ? json_stringn((const char *)info.body, info.body_len)
-					 : json_null();
+		json_t *body =
+		    info.body ? json_stringn((const char *)info.body, info.body_len) : json_null();
 
 		if (!body) /* not UTF-8 text: keep it exact, as hex, rather than lose it */
 			body = hex_body(info.body, info.body_len);
@@ -73,13 +73,13 @@ static int run(const cli_globals *g, int argc, char **argv)
 		    info.fingerprint, "created_at", created, "expires_at", expires, "lease_until",
 		    strcmp(lease, "-") ? lease : NULL, "body", body));
 	} else {
-		printf("scope          %s\nbusiness_type  %s\nkey            %s\n", argv[0], argv[1],
-		       argv[2]);
+		printf("scope          %s\nbusiness_type  %s\nkey            %s\n", argv[0],
+		       argv[1], argv[2]);
 		printf("status         %s\n", info.status);
 		if (info.http_status)
 			printf("http_status    %d\n", info.http_status);
-		printf("fingerprint    %s\ncreated_at     %s\nexpires_at     %s\n", info.fingerprint,
-		       created, expires);
+		printf("fingerprint    %s\ncreated_at     %s\nexpires_at     %s\n",
+		       info.fingerprint, created, expires);
 		if (strcmp(lease, "-") != 0)
 			printf("lease_until    %s\n", lease);
 		printf("body (%zu bytes):\n", info.body_len);
@@ -94,15 +94,15 @@ done:
 }
 
 const cli_command cli_inspect = {
-	"inspect",
-	"show one idempotency record with its stored response",
-	"inspect MERCHANT TYPE KEY [--json]\n\n"
-	"Shows the record of (MERCHANT, TYPE, KEY): status, HTTP status, fingerprint,\n"
-	"times and the stored response body, byte for byte. MERCHANT is the scope: a\n"
-	"merchant id, or a channel name for the notification and recon types.\n"
-	"Exits 1 when there is no such record.\n"
-	"--json prints {\"scope\", \"business_type\", \"key\", \"status\", \"http_status\",\n"
-	"\"fingerprint\", \"created_at\", \"expires_at\", \"lease_until\", \"body\"}.\n\n"
-	"example:\n  idemctl --db sqlite:var/idem.db inspect m_0123abcd payment ORDER-1\n",
-	run,
+    "inspect",
+    "show one idempotency record with its stored response",
+    "inspect MERCHANT TYPE KEY [--json]\n\n"
+    "Shows the record of (MERCHANT, TYPE, KEY): status, HTTP status, fingerprint,\n"
+    "times and the stored response body, byte for byte. MERCHANT is the scope: a\n"
+    "merchant id, or a channel name for the notification and recon types.\n"
+    "Exits 1 when there is no such record.\n"
+    "--json prints {\"scope\", \"business_type\", \"key\", \"status\", \"http_status\",\n"
+    "\"fingerprint\", \"created_at\", \"expires_at\", \"lease_until\", \"body\"}.\n\n"
+    "example:\n  idemctl --db sqlite:var/idem.db inspect m_0123abcd payment ORDER-1\n",
+    run,
 };

@@ -10,39 +10,32 @@
 #include "cli/cli.h"
 
 static const cli_command *const commands[] = {
-	&cli_migrate,
-	&cli_merchant_add,
-	&cli_merchant_list,
-	&cli_merchant_rotate_key,
-	&cli_channel_add,
-	&cli_channel_connect,
-	&cli_channel_list,
-	&cli_channel_rotate_secret,
-	&cli_channel_rekey,
-	&cli_purge,
-	&cli_stats,
-	&cli_inspect,
-	&cli_recon_import,
-	&cli_demo,
+    &cli_migrate,       &cli_merchant_add,
+    &cli_merchant_list, &cli_merchant_rotate_key,
+    &cli_channel_add,   &cli_channel_connect,
+    &cli_channel_list,  &cli_channel_rotate_secret,
+    &cli_channel_rekey, &cli_purge,
+    &cli_stats,         &cli_inspect,
+    &cli_recon_import,  &cli_demo,
 };
 
 #define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
 
 static const char exit_codes[] =
-	"exit codes: 0 success, 1 failure (store, file), 2 bad usage, 3 a check failed\n";
+    "exit codes: 0 success, 1 failure (store, file), 2 bad usage, 3 a check failed\n";
 
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: idemctl [--db URL] [--json] [--secret-key-file PATH] COMMAND [ARGS]\n\n"
-		   "Operates an idem store. --db defaults to $IDEM_DB; --json prints one JSON\n"
-		   "object for scripts; --secret-key-file (default $IDEM_SECRET_KEY_FILE) is the\n"
-		   "key channel secrets are sealed with at rest, as idemd's. --db given several\n"
-		   "times names the shards, in idemd's order (docs/scaling.md, Sharding).\n\n"
-		   "commands:\n");
+	           "Operates an idem store. --db defaults to $IDEM_DB; --json prints one JSON\n"
+	           "object for scripts; --secret-key-file (default $IDEM_SECRET_KEY_FILE) is the\n"
+	           "key channel secrets are sealed with at rest, as idemd's. --db given several\n"
+	           "times names the shards, in idemd's order (docs/scaling.md, Sharding).\n\n"
+	           "commands:\n");
 	for (size_t i = 0; i < NCOMMANDS; i++)
 		fprintf(f, "  %-22s %s\n", commands[i]->name, commands[i]->summary);
 	fprintf(f, "\n'idemctl COMMAND --help' shows a command's options and an example.\n%s",
-		exit_codes);
+	        exit_codes);
 }
 
 idem_store *cli_stores[CLI_MAX_SHARDS];
@@ -62,8 +55,8 @@ static int open_one(const char *url, idem_store_opts o, int i, idem_store **stor
 	if ((rc = idem_store_open(store, url, &o)) < 0)
 		return cli_fail(what, rc);
 	if (migrate && ((rc = idem_store_schema_version(*store, &version)) < 0 ||
-			(version < idem_store_schema_latest(*store) &&
-			 (rc = idem_store_migrate(*store, NULL)) < 0))) {
+	                (version < idem_store_schema_latest(*store) &&
+	                 (rc = idem_store_migrate(*store, NULL)) < 0))) {
 		idem_store_close(*store);
 		*store = NULL;
 		return cli_fail("cannot migrate the store", rc);
@@ -72,7 +65,7 @@ static int open_one(const char *url, idem_store_opts o, int i, idem_store **stor
 }
 
 int cli_open_opts(const cli_globals *g, const idem_store_opts *opts, idem_store **store,
-		  idem_pay **pay)
+                  idem_pay **pay)
 {
 	idem_store_opts o = IDEM_STORE_OPTS_INIT;
 	int rc, n = g->nshards > 1 ? g->nshards : 1;
@@ -162,7 +155,9 @@ static int matches(const cli_command *c, int argc, char **argv, int i)
 	if (!sp)
 		return strcmp(argv[i], c->name) == 0;
 	return i + 1 < argc && strncmp(argv[i], c->name, (size_t)(sp - c->name)) == 0 &&
-	       argv[i][sp - c->name] == '\0' && strcmp(argv[i + 1], sp + 1) == 0 ? 2 : 0;
+	               argv[i][sp - c->name] == '\0' && strcmp(argv[i + 1], sp + 1) == 0
+	           ? 2
+	           : 0;
 }
 
 static int is_help(const char *a)
@@ -197,7 +192,7 @@ static int unknown_command(int argc, char **argv, int i)
 
 		if (strncmp(name, argv[i], n) == 0 && name[n] == ' ' && used < sizeof(subs))
 			used += (size_t)snprintf(subs + used, sizeof(subs) - used, "%s%s",
-						 used ? ", " : "", name + n + 1);
+			                         used ? ", " : "", name + n + 1);
 	}
 	if (used && i + 1 < argc && is_help(argv[i + 1])) {
 		group_usage(argv[i], n);
@@ -205,7 +200,7 @@ static int unknown_command(int argc, char **argv, int i)
 	}
 	if (used && i + 1 < argc)
 		return cli_usage_error("unknown %s subcommand '%s' (one of: %s)", argv[i],
-				       argv[i + 1], subs);
+		                       argv[i + 1], subs);
 	if (used)
 		return cli_usage_error("%s needs a subcommand: %s", argv[i], subs);
 	return cli_usage_error("unknown command '%s'", argv[i]);

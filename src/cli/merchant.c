@@ -21,8 +21,11 @@ static void shown_name(char *out, size_t n, const char *in)
 	size_t len = strlen(in), o = 0;
 
 	for (size_t i = 0; i < len && o + 5 <= n;) {
-		size_t k = s[i] < 0x80 ? 1 : s[i] >= 0xc2 && s[i] <= 0xdf ? 2
-		         : s[i] >= 0xe0 && s[i] <= 0xef ? 3 : s[i] >= 0xf0 && s[i] <= 0xf4 ? 4 : 0;
+		size_t k = s[i] < 0x80                    ? 1
+		           : s[i] >= 0xc2 && s[i] <= 0xdf ? 2
+		           : s[i] >= 0xe0 && s[i] <= 0xef ? 3
+		           : s[i] >= 0xf0 && s[i] <= 0xf4 ? 4
+		                                          : 0;
 		uint32_t cp = k == 1 ? s[i] : k ? s[i] & (0x7fu >> k) : 0;
 		int ok = k > 0 && i + k <= len;
 
@@ -31,8 +34,10 @@ static void shown_name(char *out, size_t n, const char *in)
 			cp = cp << 6 | (s[i + j] & 0x3f);
 		}
 		if (ok)
-			ok = !(k == 3 && cp < 0x800) && !(k == 4 && (cp < 0x10000 || cp > 0x10ffff)) &&
-			     !(cp >= 0xd800 && cp <= 0xdfff) && cp >= 0x20 && !(cp >= 0x7f && cp < 0xa0);
+			ok = !(k == 3 && cp < 0x800) &&
+			     !(k == 4 && (cp < 0x10000 || cp > 0x10ffff)) &&
+			     !(cp >= 0xd800 && cp <= 0xdfff) && cp >= 0x20 &&
+			     !(cp >= 0x7f && cp < 0xa0);
 		if (ok) {
 			memcpy(out + o, s + i, k);
 			o += k;
@@ -53,9 +58,9 @@ static void shown_name(char *out, size_t n, const char *in)
  */
 static int print_key(const char *id, const char *name, const char *key, int shard)
 {
-	json_t *obj = name ? json_pack("{s:s, s:s, s:s}", "merchant_id", id, "name", name,
-	                               "api_key", key)
-	                   : json_pack("{s:s, s:s}", "merchant_id", id, "api_key", key);
+	json_t *obj =
+	    name ? json_pack("{s:s, s:s, s:s}", "merchant_id", id, "name", name, "api_key", key)
+	         : json_pack("{s:s, s:s}", "merchant_id", id, "api_key", key);
 
 	/* Sharded (several --db): the shard it lives on, too. */
 	if (obj && shard >= 0)
@@ -65,8 +70,10 @@ static int print_key(const char *id, const char *name, const char *key, int shar
 	json_decref(obj);
 	if (!s) {
 		printf("merchant %s\napi key: %s\n", id, key);
-		fprintf(stderr, "idemctl: the key of merchant %s is committed, but its JSON could not"
-		                " be built: it is printed above as text\n", id);
+		fprintf(stderr,
+		        "idemctl: the key of merchant %s is committed, but its JSON could not"
+		        " be built: it is printed above as text\n",
+		        id);
 		return 1;
 	}
 	printf("%s\n", s);
@@ -87,7 +94,8 @@ static int add(const cli_globals *g, int argc, char **argv)
 		return rc;
 	/* The library checks the name before it writes anything. */
 	rc = idem_pay_merchant_add(pay, argv[0], id, key);
-	if (rc == 0 && idem_pay_shard_count(pay) > 1 && idem_pay_merchant_shard(pay, id, &shard) < 0)
+	if (rc == 0 && idem_pay_shard_count(pay) > 1 &&
+	    idem_pay_merchant_shard(pay, id, &shard) < 0)
 		shard = -1; /* committed: the key is printed all the same */
 	if (rc < 0) {
 		rc = cli_fail("cannot add merchant", rc);
@@ -114,11 +122,11 @@ static int list_entry(void *ctx, const idem_admin_entry *e)
 	shown_name(name, sizeof(name), e->name);
 	l->n++;
 	if (l->json)
-		return json_array_append_new(l->list, json_pack("{s:s, s:s, s:s}", "merchant_id",
-								id, "name", name,
-								"created_at", when)) < 0
-			   ? IDEM_ENOMEM
-			   : 0;
+		return json_array_append_new(l->list,
+		                             json_pack("{s:s, s:s, s:s}", "merchant_id", id, "name",
+		                                       name, "created_at", when)) < 0
+		           ? IDEM_ENOMEM
+		           : 0;
 	printf("%-36s  %-24s  %s\n", id, when, name);
 	return 0;
 }
@@ -126,7 +134,8 @@ static int list_entry(void *ctx, const idem_admin_entry *e)
 static int list(const cli_globals *g, int argc, char **argv)
 {
 	(void)argv;
-	return cli_list_run(g, argc, "merchant", idem_admin_merchant_list, list_entry, "%-36s  %-24s  %s\n", "MERCHANT_ID", "CREATED_AT", "NAME");
+	return cli_list_run(g, argc, "merchant", idem_admin_merchant_list, list_entry,
+	                    "%-36s  %-24s  %s\n", "MERCHANT_ID", "CREATED_AT", "NAME");
 }
 
 static int rotate(const cli_globals *g, int argc, char **argv)
@@ -154,34 +163,34 @@ static int rotate(const cli_globals *g, int argc, char **argv)
 }
 
 const cli_command cli_merchant_add = {
-	"merchant add",
-	"create a merchant and print its API key (once)",
-	"merchant add NAME [--json]\n\n"
-	"Creates a merchant and prints its id and API key. The key is shown this once;\n"
-	"only its SHA-256 digest is stored.\n"
-	"--json prints {\"merchant_id\", \"name\", \"api_key\"}.\n\n"
-	"example:\n  idemctl --db sqlite:var/idem.db merchant add \"Acme Shop\" --json\n",
-	add,
+    "merchant add",
+    "create a merchant and print its API key (once)",
+    "merchant add NAME [--json]\n\n"
+    "Creates a merchant and prints its id and API key. The key is shown this once;\n"
+    "only its SHA-256 digest is stored.\n"
+    "--json prints {\"merchant_id\", \"name\", \"api_key\"}.\n\n"
+    "example:\n  idemctl --db sqlite:var/idem.db merchant add \"Acme Shop\" --json\n",
+    add,
 };
 
 const cli_command cli_merchant_list = {
-	"merchant list",
-	"list merchants (ids, names; never keys)",
-	"merchant list [--json]\n\n"
-	"Lists every merchant's id, creation time and name, oldest first.\n"
-	"--json prints {\"merchants\": [{\"merchant_id\", \"name\", \"created_at\"}]}.\n\n"
-	"example:\n  idemctl --db sqlite:var/idem.db merchant list\n",
-	list,
+    "merchant list",
+    "list merchants (ids, names; never keys)",
+    "merchant list [--json]\n\n"
+    "Lists every merchant's id, creation time and name, oldest first.\n"
+    "--json prints {\"merchants\": [{\"merchant_id\", \"name\", \"created_at\"}]}.\n\n"
+    "example:\n  idemctl --db sqlite:var/idem.db merchant list\n",
+    list,
 };
 
 const cli_command cli_merchant_rotate_key = {
-	"merchant rotate-key",
-	"give a merchant a new API key; the old one stops working",
-	"merchant rotate-key MERCHANT_ID [--json]\n\n"
-	"Replaces the merchant's API key and prints the new one once. The old key is\n"
-	"rejected (401) from then on; an idemd that verified it recently may accept\n"
-	"it for a few seconds more.\n"
-	"--json prints {\"merchant_id\", \"api_key\"}.\n\n"
-	"example:\n  idemctl --db sqlite:var/idem.db merchant rotate-key m_0123abcd --json\n",
-	rotate,
+    "merchant rotate-key",
+    "give a merchant a new API key; the old one stops working",
+    "merchant rotate-key MERCHANT_ID [--json]\n\n"
+    "Replaces the merchant's API key and prints the new one once. The old key is\n"
+    "rejected (401) from then on; an idemd that verified it recently may accept\n"
+    "it for a few seconds more.\n"
+    "--json prints {\"merchant_id\", \"api_key\"}.\n\n"
+    "example:\n  idemctl --db sqlite:var/idem.db merchant rotate-key m_0123abcd --json\n",
+    rotate,
 };

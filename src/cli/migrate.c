@@ -48,9 +48,9 @@ static int run(const cli_globals *g, int argc, char **argv)
 	}
 	if (g->json) {
 		rc = cli_print_json(json_pack("{s:s, s:i, s:i, s:i, s:b}", "backend",
-					      idem_store_backend(store), "schema_version", after,
-					      "latest", latest, "applied", after - before,
-					      "up_to_date", after == latest));
+		                              idem_store_backend(store), "schema_version", after,
+		                              "latest", latest, "applied", after - before,
+		                              "up_to_date", after == latest));
 	} else if (status_only) {
 		printf("schema version %d of %d (%s)%s\n", after, latest, idem_store_backend(store),
 		       after == latest ? ", up to date" : ": run 'idemctl migrate'");
@@ -66,14 +66,14 @@ done:
 }
 
 const cli_command cli_migrate = {
-	"migrate",
-	"apply pending schema migrations (or --status: show the version)",
-	"migrate [--status] [--json]\n\n"
-	"Applies every pending schema migration, each exactly once, in a transaction;\n"
-	"safe to run while idemd serves and from two hosts at once. --status only\n"
-	"reports the version and exits 3 when migrations are pending. With several\n"
-	"--db (shards), each shard is migrated; the oldest version is reported.\n"
-	"--json prints {\"backend\", \"schema_version\", \"latest\", \"applied\", \"up_to_date\"}.\n\n"
-	"example:\n  idemctl --db postgresql://idem@127.0.0.1/idem migrate --status\n",
-	run,
+    "migrate",
+    "apply pending schema migrations (or --status: show the version)",
+    "migrate [--status] [--json]\n\n"
+    "Applies every pending schema migration, each exactly once, in a transaction;\n"
+    "safe to run while idemd serves and from two hosts at once. --status only\n"
+    "reports the version and exits 3 when migrations are pending. With several\n"
+    "--db (shards), each shard is migrated; the oldest version is reported.\n"
+    "--json prints {\"backend\", \"schema_version\", \"latest\", \"applied\", \"up_to_date\"}.\n\n"
+    "example:\n  idemctl --db postgresql://idem@127.0.0.1/idem migrate --status\n",
+    run,
 };

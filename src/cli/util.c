@@ -45,8 +45,8 @@ int cli_parse_duration_ms(const char *s, int64_t *out)
 	static const struct {
 		const char *unit;
 		int64_t ms;
-	} units[] = {{"", 1000}, {"ms", 1}, {"s", 1000}, {"m", 60000}, {"h", 3600000},
-	             {"d", 86400000}};
+	} units[] = {{"", 1000},   {"ms", 1},      {"s", 1000},
+	             {"m", 60000}, {"h", 3600000}, {"d", 86400000}};
 	char *end = NULL;
 	long long v;
 
@@ -148,10 +148,11 @@ void cli_progress_update(cli_progress *p, int64_t done, const char *extra)
 		for (int i = 0; i < 40; i++)
 			bar[i] = i < fill ? '#' : '.';
 		bar[40] = '\0';
-		fprintf(stderr, "\r%s [%s] %3d%% %s\033[K", p->label, bar, (int)(d * 100 / p->total),
-		        extra ? extra : "");
+		fprintf(stderr, "\r%s [%s] %3d%% %s\033[K", p->label, bar,
+		        (int)(d * 100 / p->total), extra ? extra : "");
 	} else {
-		fprintf(stderr, "\r%s %lld %s\033[K", p->label, (long long)done, extra ? extra : "");
+		fprintf(stderr, "\r%s %lld %s\033[K", p->label, (long long)done,
+		        extra ? extra : "");
 	}
 	fflush(stderr);
 }

@@ -51,9 +51,9 @@ int idem_admin_merchant_list(idem_pay *pay, idem_admin_entry_fn fn, void *ctx)
 		if (rc != 0 || i == pay->nshards - 1)
 			return rc;
 	}
-	return idem_store_query(pay->store,
-	                        "SELECT id, name, created_at FROM merchants ORDER BY created_at, id",
-	                        NULL, 0, entry_row, &l);
+	return idem_store_query(
+	    pay->store, "SELECT id, name, created_at FROM merchants ORDER BY created_at, id", NULL,
+	    0, entry_row, &l);
 }
 
 int idem_admin_channel_list(idem_pay *pay, idem_admin_entry_fn fn, void *ctx)
@@ -138,7 +138,8 @@ int idem_admin_channel_rotate_secret(idem_pay *pay, const char *channel,
 	if (!pay__valid_channel_name(channel))
 		return idem__error(IDEM_ENOTFOUND, "no such channel");
 	if (pay->nshards) {
-		if ((rc = idem_admin_channel_rotate_secret(pay->shards[0], channel, secret_out)) < 0)
+		if ((rc = idem_admin_channel_rotate_secret(pay->shards[0], channel, secret_out)) <
+		    0)
 			return rc;
 		return pay__channels_sync(pay, channel);
 	}

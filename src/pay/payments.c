@@ -120,7 +120,7 @@ json_t *pay__payment_object(const pay__payment *p)
 
 /* The answer for an existing resource: 200 of it, or 409 with its id. */
 int pay__backstop(idem_response *resp, json_t *existing, const char *existing_id,
-                    const char *existing_fp, const char *fp, const char *what)
+                  const char *existing_fp, const char *fp, const char *what)
 {
 	char detail[160], *body = NULL;
 	size_t len = 0;

@@ -30,16 +30,15 @@
 #include "util/error.h"
 #include "util/rand.h"
 
-#define NCOLS       7
-#define FIELD_MAX   255             /* longest value kept of one field */
-#define READ_BUF    (4 * IDEM_RECON_LINE_MAX)
+#define NCOLS          7
+#define FIELD_MAX      255 /* longest value kept of one field */
+#define READ_BUF       (4 * IDEM_RECON_LINE_MAX)
 #define PROGRESS_EVERY 4096
 
 enum { C_TXN, C_MERCHANT, C_ORDER, C_AMOUNT, C_CURRENCY, C_STATUS, C_PAID_AT };
 
 static const char *const header_names[NCOLS] = {
-	"channel_txn_id", "merchant_id", "merchant_order_no", "amount", "currency", "status",
-	"paid_at",
+    "channel_txn_id", "merchant_id", "merchant_order_no", "amount", "currency", "status", "paid_at",
 };
 
 typedef enum { R_NONE = 0, R_MATCHED, R_MISMATCHED, R_MISSING, R_DUPLICATE } row_result;
@@ -72,7 +71,7 @@ struct job {
 	slot *slots;
 	int *free_slots;
 	int nfree, nslots;
-	int err;          /* the first store error of a unit */
+	int err; /* the first store error of a unit */
 	idem_error err_detail;
 
 	/* Parser state, main thread only. */
@@ -81,12 +80,12 @@ struct job {
 	size_t flen[NCOLS];
 	int field_long[NCOLS];
 	int nfields;
-	const char *row_bad;  /* a reason the whole row is invalid (line too long) */
-	int64_t line;         /* the physical line being fed */
-	int64_t row_start;    /* where the current row began, 0: none yet */
+	const char *row_bad; /* a reason the whole row is invalid (line too long) */
+	int64_t line;        /* the physical line being fed */
+	int64_t row_start;   /* where the current row began, 0: none yet */
 	int header_seen;
 	int header_bad;
-	int stop;             /* a store error: read no further */
+	int stop; /* a store error: read no further */
 	int64_t bytes;
 };
 
@@ -223,8 +222,8 @@ static int exists_row(void *ctx, const idem_value *cols, int n)
 static int status_agrees(const char *file_status, const char *local)
 {
 	if (strcmp(file_status, "SUCCESS") == 0)
-		return strcmp(local, "succeeded") == 0 || strcmp(local, "partially_refunded") == 0 ||
-		       strcmp(local, "refunded") == 0;
+		return strcmp(local, "succeeded") == 0 ||
+		       strcmp(local, "partially_refunded") == 0 || strcmp(local, "refunded") == 0;
 	return strcmp(local, "failed") == 0;
 }
 
@@ -290,9 +289,9 @@ static int recon_work(idem_txn *txn, void *ctx, idem_response *resp)
 	 * import of the row waits on that claim. */
 	q[0] = IDEM_V_TEXT(s->j->channel);
 	q[1] = IDEM_V_TEXT(s->txn);
-	rc = idem_txn_query(txn,
-	                    "SELECT 1 FROM recon_rows WHERE channel = ? AND channel_txn_id = ?",
-	                    q, 2, exists_row, &exists);
+	rc =
+	    idem_txn_query(txn, "SELECT 1 FROM recon_rows WHERE channel = ? AND channel_txn_id = ?",
+	                   q, 2, exists_row, &exists);
 	if (rc < 0)
 		return rc;
 	if (exists) {
@@ -348,6 +347,26 @@ static void release_slot(job *j, slot *s)
 	pthread_cond_broadcast(&j->cond);
 }
 
+/* The import fails with rc and its detail (the first error wins); with
+ * j->lock held. */
+static void job_fail_locked(job *j, int rc)
+{
+	if (!j->err) {
+		j->err = rc;
+		j->err_detail = *idem_error_last();
+	}
+}
+
+/* Slot s's row could not start (rc): the import stops, s is free again. */
+static void abandon(job *j, slot *s, int rc)
+{
+	pthread_mutex_lock(&j->lock);
+	job_fail_locked(j, rc);
+	j->stop = 1;
+	release_slot(j, s);
+	pthread_mutex_unlock(&j->lock);
+}
+
 static void recon_done(void *ctx, int rc, idem_result *res)
 {
 	slot *s = ctx;
@@ -356,20 +375,16 @@ static void recon_done(void *ctx, int rc, idem_result *res)
 
 	pthread_mutex_lock(&j->lock);
 	if (rc < 0) {
-		if (!j->err) {
-			j->err = rc;
-			j->err_detail = *idem_error_last();
-		}
-	} else if (res->outcome == IDEM_FIRST && s->result != R_DUPLICATE &&
-	           s->result != R_NONE) {
+		job_fail_locked(j, rc);
+	} else if (res->outcome == IDEM_FIRST && s->result != R_DUPLICATE && s->result != R_NONE) {
 		r->inserted++;
 		if (s->result == R_MATCHED) {
 			r->matched++;
 		} else if (s->result == R_MISSING) {
 			r->missing_local++;
 		} else {
-			idem_recon_mismatch m = {s->line, s->txn, s->merchant, s->order,
-			                         s->payment_id, s->detail};
+			idem_recon_mismatch m = {s->line,  s->txn,        s->merchant,
+			                         s->order, s->payment_id, s->detail};
 
 			r->mismatched++;
 			if (j->opts.on_mismatch)
@@ -397,8 +412,8 @@ static int fingerprint(slot *s)
 	unsigned int n = 0;
 	char amount[24];
 	EVP_MD_CTX *c = EVP_MD_CTX_new();
-	const char *parts[7] = {s->txn, s->merchant, s->order, amount,
-	                        s->currency, s->status, s->paid_at};
+	const char *parts[7] = {s->txn,      s->merchant, s->order,  amount,
+	                        s->currency, s->status,   s->paid_at};
 	int ok;
 
 	snprintf(amount, sizeof(amount), "%lld", (long long)s->amount);
@@ -448,14 +463,7 @@ static void dispatch(job *j, int64_t line, int64_t amount)
 	s->amount = amount;
 	s->result = R_NONE;
 	if ((rc = fingerprint(s)) < 0) {
-		pthread_mutex_lock(&j->lock);
-		if (!j->err) {
-			j->err = rc;
-			j->err_detail = *idem_error_last();
-		}
-		j->stop = 1;
-		release_slot(j, s);
-		pthread_mutex_unlock(&j->lock);
+		abandon(j, s, rc);
 		return;
 	}
 	s->req = (idem_request)IDEM_REQUEST_INIT;
@@ -472,14 +480,7 @@ static void dispatch(job *j, int64_t line, int64_t amount)
 		idem_pay *home = j->pay;
 
 		if ((rc = pay__route(j->pay, s->merchant, &home)) < 0) {
-			pthread_mutex_lock(&j->lock);
-			if (!j->err) {
-				j->err = rc;
-				j->err_detail = *idem_error_last();
-			}
-			j->stop = 1;
-			release_slot(j, s);
-			pthread_mutex_unlock(&j->lock);
+			abandon(j, s, rc);
 			return;
 		}
 		idem_execute_async(home->store, &s->req, recon_work, s, recon_done, s);
@@ -773,7 +774,8 @@ int idem_recon_import(idem_recon_report *out, idem_pay *pay, const char *channel
 		rc = j->err;
 	}
 	if (rc == 0 && (!j->header_seen || j->header_bad))
-		rc = idem__error(IDEM_EINVAL, "the first row must be the header " IDEM_RECON_HEADER);
+		rc =
+		    idem__error(IDEM_EINVAL, "the first row must be the header " IDEM_RECON_HEADER);
 	if (rc == 0 && opts->on_progress)
 		opts->on_progress(opts->ctx, j->bytes, out->rows);
 done:

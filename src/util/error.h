@@ -12,7 +12,7 @@ int idem__error(int code, const char *fmt, ...) __attribute__((format(printf, 2,
 
 /* Same, with the driver's own code and SQLSTATE (may be NULL). */
 int idem__error_driver(int code, int driver_code, const char *sqlstate, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
+    __attribute__((format(printf, 4, 5)));
 
 void idem__error_clear(void);
 

@@ -6,9 +6,15 @@
  * (never a duplicate; it recovers by itself), a server that stops
  * answering, deadlines (a request's, a silent server's connect, the ping's
  * own connection), a newer schema refused, migrations racing from several
- * processes, error classes. Only the few lines that reach the server itself
- * (killing a session, a statement beside the store) differ per backend.
- * What only one dialect has stays in test_postgres.c / test_mariadb.c.
+ * processes, error classes. And what each dialect driver promises alike,
+ * in the SQL subset src/pay is written in: both URL schemes, value types and
+ * `?` placeholders, keys compared byte for byte, constraint failures that
+ * are errors and never duplicates, a failed statement that leaves the
+ * transaction usable, an UPDATE seeing old values. Only the few lines that
+ * reach the server itself (killing a session, a statement beside the store)
+ * and the driver's detail of an error (PostgreSQL's SQLSTATE, MariaDB's
+ * errno: assert_detail) differ per backend. What only one dialect has stays in
+ * test_postgres.c / test_mariadb.c.
  * Needs the server db-up.sh starts; skipped with a message without it.
  */
 #include <arpa/inet.h>
@@ -131,6 +137,16 @@ static const char *sleep_sql(void)
 	return is_pg() ? "SELECT pg_sleep(?)" : "SELECT SLEEP(?)";
 }
 
+/* The driver's detail beside the idem code of the last error: PostgreSQL's
+ * SQLSTATE, MariaDB's errno. */
+static void assert_detail(const char *sqlstate, unsigned my_errno)
+{
+	if (is_pg())
+		assert_string_equal(idem_error_last()->sqlstate, sqlstate);
+	else
+		assert_int_equal(idem_error_last()->driver_code, my_errno);
+}
+
 /* ---- units ------------------------------------------------------------------ */
 
 typedef struct {
@@ -198,10 +214,7 @@ static void numeric_range_is_invalid(void **state)
 	rc = run_unit(f, "K", &u, &res);
 	assert_int_equal(rc, IDEM_EINVAL);
 	assert_int_not_equal(idem_error_classify(rc), IDEM_ECLASS_UNAVAILABLE);
-	if (strcmp(backend, "postgres") == 0)
-		assert_string_equal(idem_error_last()->sqlstate, "22003");
-	else
-		assert_int_equal(idem_error_last()->driver_code, 1264);
+	assert_detail("22003", 1264);
 	assert_int_equal(res.outcome, 0);
 	assert_int_equal(idem_record_get(&info, f->store, f->scope, "payment", "K", 1),
 	                 IDEM_ENOTFOUND);
@@ -209,10 +222,7 @@ static void numeric_range_is_invalid(void **state)
 	rc = idem_store_query(f->store, "SELECT 9223372036854775807 + 1", NULL, 0, test_first_int,
 	                      &n);
 	assert_int_equal(rc, IDEM_EINVAL);
-	if (strcmp(backend, "postgres") == 0)
-		assert_string_equal(idem_error_last()->sqlstate, "22003");
-	else
-		assert_int_equal(idem_error_last()->driver_code, 1690);
+	assert_detail("22003", 1690);
 	assert_int_equal(idem_store_ping(f->store), 0);
 	assert_int_equal(run_unit(f, "K2",
 	                          &(unit){.sql = "INSERT INTO work_log (scope, k, worker)"
@@ -499,6 +509,285 @@ static void migrations_race_across_processes(void **state)
 	assert_int_equal(rows, idem_store_schema_latest(f->store));
 }
 
+/* ---- the shared SQL subset, the same on both drivers ---------------------- */
+
+/*
+ * Both schemes of a server open the same store (postgresql:// and
+ * postgres://, mysql:// and mariadb://). A URL that is not one, or names a
+ * parameter the driver does not know, is bad input; a server that is not
+ * there is unavailable; *out is NULL after either.
+ */
+static void url_schemes_and_refusals(void **state)
+{
+	test_net_fixture *f = test_net_open(state, backend, 1);
+	const char *scheme = is_pg() ? "postgresql" : "mysql";
+	const char *rest = strstr(f->url, "://");
+	idem_store *s = NULL;
+	char url[512];
+
+	assert_string_equal(idem_store_backend(f->store), is_pg() ? "postgresql" : "mariadb");
+	assert_non_null(rest);
+	snprintf(url, sizeof(url), "%s%s", is_pg() ? "postgres" : "mariadb", rest);
+	assert_int_equal(idem_store_open(&s, url, NULL), 0);
+	assert_string_equal(idem_store_backend(s), idem_store_backend(f->store));
+	idem_store_close(s);
+	s = (idem_store *)1;
+	snprintf(url, sizeof(url), "%s://idem@127.0.0.1/x?nosuchparam=1", scheme);
+	assert_int_equal(idem_store_open(&s, url, NULL), IDEM_EINVAL);
+	assert_null(s);
+	s = (idem_store *)1;
+	snprintf(url, sizeof(url), "%s:idem@127.0.0.1/x", scheme);
+	assert_int_equal(idem_store_open(&s, url, NULL), IDEM_EINVAL);
+	assert_null(s);
+	s = (idem_store *)1;
+	snprintf(url, sizeof(url), "%s://idem@127.0.0.1:1/x", scheme);
+	assert_int_equal(idem_store_open(&s, url, NULL), IDEM_EUNAVAIL);
+	assert_null(s);
+}
+
+static int make_types(idem_txn *txn, void *ctx)
+{
+	static const unsigned char bytes[] = {'a', 0, 0xff, '?', 'z'};
+	idem_value p[4] = {IDEM_V_INT(-9007199254740993LL), IDEM_V_TEXT("it's ?"),
+	                   IDEM_V_BLOB(bytes, sizeof(bytes)), IDEM_V_NULL};
+	char ddl[160];
+	int rc;
+
+	(void)ctx;
+	snprintf(ddl, sizeof(ddl),
+	         "CREATE TABLE typed (i BIGINT, t TEXT, b %s, n INTEGER,"
+	         " note TEXT DEFAULT 'what? no')",
+	         is_pg() ? "BYTEA" : "BLOB");
+	if ((rc = idem_txn_exec(txn, ddl, NULL, 0, NULL)) < 0)
+		return rc;
+	/* '?' in a literal and a comment is not a placeholder. */
+	return idem_txn_exec(txn,
+	                     "INSERT INTO typed (i, t, b, n, note) /* why? */"
+	                     " VALUES (?, ?, ?, ?, 'really?') -- or?\n",
+	                     p, 4, NULL);
+}
+
+/*
+ * Values come back as they went in: a BIGINT beyond a double's precision,
+ * text with a '?', bytes with NUL and 0xff, NULL; the row found by the
+ * literal 'really?' (the column's default 'what? no' not taken). An aggregate the server
+ * types as a decimal (PostgreSQL's sum(bigint) is numeric, MariaDB's SUM()
+ * DECIMAL) and a boolean are still integers to callers. The placeholder
+ * count is checked before anything runs.
+ */
+static void value_types_and_placeholders(void **state)
+{
+	test_net_fixture *f = test_net_open(state, backend, 1);
+	static const unsigned char bytes[] = {'a', 0, 0xff, '?', 'z'};
+	test_row r = {0};
+
+	assert_int_equal(idem_store_transact(f->store, make_types, NULL), 0);
+	assert_int_equal(idem_store_query(f->store,
+	                                  "SELECT i, t, b, n, i + 1, sum(i) OVER (), true, 'x'"
+	                                  " FROM typed WHERE t = ? AND note = 'really?'",
+	                                  &IDEM_V_TEXT("it's ?"), 1, test_copy_row, &r),
+	                 0);
+	assert_int_equal(r.n, 8);
+	assert_int_equal(r.v[0].type, IDEM_VAL_INT);
+	assert_true(r.v[0].i == -9007199254740993LL);
+	assert_int_equal(r.v[1].type, IDEM_VAL_TEXT);
+	assert_string_equal(r.text[1], "it's ?");
+	assert_int_equal(r.v[2].type, IDEM_VAL_BLOB);
+	assert_int_equal(r.v[2].len, sizeof(bytes));
+	assert_memory_equal(r.blob, bytes, sizeof(bytes));
+	assert_int_equal(r.v[3].type, IDEM_VAL_NULL);
+	assert_true(r.v[4].i == -9007199254740992LL);
+	assert_int_equal(r.v[5].type, IDEM_VAL_INT);
+	assert_true(r.v[5].i == -9007199254740993LL);
+	assert_int_equal(r.v[6].type, IDEM_VAL_INT);
+	assert_int_equal(r.v[6].i, 1);
+	assert_int_equal(r.v[7].type, IDEM_VAL_TEXT);
+	assert_string_equal(r.text[7], "x");
+	assert_int_equal(idem_store_query(f->store, "SELECT ?, ?", &IDEM_V_INT(1), 1, NULL, NULL),
+	                 IDEM_EINVAL);
+}
+
+static int make_orders(idem_txn *txn, void *ctx)
+{
+	(void)ctx;
+	return idem_txn_exec(txn, "CREATE TABLE orders (no VARCHAR(32) NOT NULL UNIQUE)", NULL, 0,
+	                     NULL);
+}
+
+static int insert_o1(idem_txn *txn, void *ctx)
+{
+	(void)ctx;
+	return idem_txn_exec(txn, "INSERT INTO orders (no) VALUES ('o1')", NULL, 0, NULL);
+}
+
+/*
+ * After a failed idem_txn_try_exec the unit's transaction goes on, as on
+ * SQLite (plain idem_txn_exec saves the round trips and leaves the
+ * transaction to the unit's savepoint instead).
+ */
+static int conflict_then_continue(idem_txn *txn, void *ctx)
+{
+	int64_t n = 0;
+	int rc;
+
+	(void)ctx;
+	rc = idem_txn_try_exec(txn, "INSERT INTO orders (no) VALUES ('o1')", NULL, 0, NULL);
+	assert_int_equal(rc, IDEM_ECONFLICT);
+	assert_detail("23505", 1062);
+	rc = idem_txn_try_exec(txn, "INSERT INTO orders (no) VALUES (NULL)", NULL, 0, NULL);
+	assert_int_equal(rc, IDEM_ECONSTRAINT);
+	assert_detail("23502", 1048);
+	assert_int_equal(idem_txn_try_exec(txn, "INSERT INTO nowhere VALUES (1)", NULL, 0, NULL),
+	                 IDEM_ESTORE);
+	assert_detail("42P01", 1146);
+	if ((rc = idem_txn_exec(txn, "INSERT INTO orders (no) VALUES ('o2')", NULL, 0, NULL)) < 0)
+		return rc;
+	if ((rc = idem_txn_query(txn, "SELECT count(*) FROM orders", NULL, 0, test_first_int, &n)) <
+	    0)
+		return rc;
+	assert_int_equal(n, 2);
+	return 0;
+}
+
+static void failed_statement_keeps_transaction(void **state)
+{
+	test_net_fixture *f = test_net_open(state, backend, 1);
+	int64_t n = 0;
+
+	assert_int_equal(idem_store_transact(f->store, make_orders, NULL), 0);
+	assert_int_equal(idem_store_transact(f->store, insert_o1, NULL), 0);
+	assert_int_equal(idem_store_transact(f->store, conflict_then_continue, NULL), 0);
+	assert_int_equal(
+	    idem_store_query(f->store, "SELECT count(*) FROM orders", NULL, 0, test_first_int, &n),
+	    0);
+	assert_int_equal(n, 2);
+}
+
+static int insert_keys(idem_txn *txn, void *ctx)
+{
+	const char *keys[] = {"A1", "a1", "A1 ", "A1\t", " A1"};
+	const char *ins = "INSERT INTO idem_records (scope, business_type, idem_key, version,"
+	                  " status, fingerprint, created_at, expires_at)"
+	                  " VALUES ('s', 'payment', ?, 1, 'SUCCEEDED', 'f', ?, 0)";
+	int rc;
+
+	(void)ctx;
+	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+		idem_value p[2] = {IDEM_V_TEXT(keys[i]), IDEM_V_INT(i)};
+
+		if ((rc = idem_txn_exec(txn, ins, p, 2, NULL)) < 0)
+			return rc;
+	}
+	/* The same bytes again: the idempotency index refuses it. */
+	rc = idem_txn_try_exec(txn, ins, (idem_value[]){IDEM_V_TEXT("A1"), IDEM_V_INT(9)}, 2, NULL);
+	assert_int_equal(rc, IDEM_ECONFLICT);
+	assert_detail("23505", 1062);
+	return 0;
+}
+
+/*
+ * Keys compare byte for byte in the idempotency index itself: not
+ * case-folded (a _ci collation would), not padded (utf8mb4_bin would make
+ * 'A1 ' equal 'A1'), not locale-ordered (PostgreSQL's COLLATE "C").
+ */
+static void keys_are_bytes(void **state)
+{
+	test_net_fixture *f = test_net_open(state, backend, 1);
+	unit u = {0};
+	idem_result res = {0};
+	int64_t n = -1;
+
+	assert_int_equal(idem_store_transact(f->store, insert_keys, NULL), 0);
+	assert_int_equal(idem_store_query(f->store,
+	                                  "SELECT count(*) FROM idem_records WHERE scope = 's'"
+	                                  " AND business_type = 'payment' AND idem_key = ?",
+	                                  &IDEM_V_TEXT("A1"), 1, test_first_int, &n),
+	                 0);
+	assert_int_equal(n, 1);
+	assert_int_equal(idem_store_query(f->store,
+	                                  "SELECT count(*) FROM idem_records WHERE scope = 's'",
+	                                  NULL, 0, test_first_int, &n),
+	                 0);
+	assert_int_equal(n, 5);
+	/* Through the claim path too. */
+	assert_int_equal(run_unit(f, "A1", &u, &res), 0);
+	assert_int_equal(res.outcome, IDEM_FIRST);
+	idem_result_clear(&res);
+	assert_int_equal(run_unit(f, "a1", &u, &res), 0);
+	assert_int_equal(res.outcome, IDEM_FIRST);
+	idem_result_clear(&res);
+	assert_int_equal(run_unit(f, "A1", &u, &res), 0);
+	assert_int_equal(res.outcome, IDEM_REPLAY);
+	idem_result_clear(&res);
+	assert_int_equal(u.calls, 2);
+}
+
+/*
+ * NOT NULL, CHECK and a value too long for its column (MariaDB in
+ * STRICT_ALL_TABLES: refused, not truncated) are errors, never duplicates:
+ * nothing of the unit is committed and the key stays free.
+ */
+static void constraint_errors_are_not_duplicates(void **state)
+{
+	test_net_fixture *f = test_net_open(state, backend, 1);
+	unit u = {0};
+	idem_result res = {0};
+	idem_record_info info;
+	char sql[600];
+
+	u.sql = "INSERT INTO work_log (scope, k, worker) VALUES (NULL, 'x', 1)";
+	assert_int_equal(run_unit(f, "K", &u, &res), IDEM_ECONSTRAINT);
+	assert_detail("23502", 1048);
+	assert_int_equal(res.outcome, 0);
+	u.sql = "INSERT INTO work_log (scope, k, worker) VALUES ('s', 'x', -1)";
+	assert_int_equal(run_unit(f, "K", &u, &res), IDEM_ECONSTRAINT);
+	assert_detail("23514", 4025);
+	snprintf(sql, sizeof(sql),
+	         "INSERT INTO work_log (scope, k, worker) VALUES ('%0300d', 'x', 1)", 0);
+	u.sql = sql;
+	assert_int_equal(run_unit(f, "K", &u, &res), IDEM_ESTORE);
+	assert_detail("22001", 1406);
+	assert_int_equal(idem_record_get(&info, f->store, f->scope, "payment", "K", 1),
+	                 IDEM_ENOTFOUND);
+	u.sql = NULL;
+	assert_int_equal(run_unit(f, "K", &u, &res), 0);
+	assert_int_equal(res.outcome, IDEM_FIRST);
+	idem_result_clear(&res);
+	assert_int_equal(test_work_count(f->store, f->scope, "K"), 1);
+}
+
+static int update_both(idem_txn *txn, void *ctx)
+{
+	int rc;
+
+	(void)ctx;
+	if ((rc = idem_txn_exec(txn, "CREATE TABLE acc (a BIGINT NOT NULL, b VARCHAR(8) NOT NULL)",
+	                        NULL, 0, NULL)) < 0 ||
+	    (rc = idem_txn_exec(txn, "INSERT INTO acc (a, b) VALUES (1, 'x')", NULL, 0, NULL)) < 0)
+		return rc;
+	return idem_txn_exec(txn,
+	                     "UPDATE acc SET a = a + ?, b = CASE WHEN a + ? = 3 THEN 'full'"
+	                     " ELSE 'part' END",
+	                     (idem_value[]){IDEM_V_INT(2), IDEM_V_INT(2)}, 2, NULL);
+}
+
+/*
+ * The SET list of an UPDATE sees the row's old values, as on SQLite: left
+ * to right (MariaDB without the SIMULTANEOUS_ASSIGNMENT mode its driver
+ * sets), b would see a = 3 and say 'part'.
+ */
+static void update_sees_old_values(void **state)
+{
+	test_net_fixture *f = test_net_open(state, backend, 1);
+	test_row r = {0};
+
+	assert_int_equal(idem_store_transact(f->store, update_both, NULL), 0);
+	assert_int_equal(
+	    idem_store_query(f->store, "SELECT a, b FROM acc", NULL, 0, test_copy_row, &r), 0);
+	assert_int_equal(r.v[0].i, 3);
+	assert_string_equal(r.text[1], "full");
+}
+
 #define T(fn) cmocka_unit_test_setup_teardown(fn, test_net_setup, test_net_teardown)
 
 int main(int argc, char **argv)
@@ -514,6 +803,12 @@ int main(int argc, char **argv)
 	    T(silent_server_fails_by_the_deadline),
 	    T(newer_schema_is_refused),
 	    T(migrations_race_across_processes),
+	    T(url_schemes_and_refusals),
+	    T(value_types_and_placeholders),
+	    T(failed_statement_keeps_transaction),
+	    T(keys_are_bytes),
+	    T(constraint_errors_are_not_duplicates),
+	    T(update_sees_old_values),
 	};
 
 	backend = argc > 1 ? argv[1] : "postgres";

@@ -19,9 +19,21 @@ static const char *path_of(const char *url)
 	return url + strlen("sqlite:");
 }
 
+/* A payment request of merchant m_1 for key, fingerprinted over "{}". */
+static void payment_request(idem_request *r, char fp[65], const char *key)
+{
+	test_fp(fp, "{}");
+	r->scope = "m_1";
+	r->business_type = "payment";
+	r->key = key;
+	r->key_len = strlen(key);
+	r->fingerprint = fp;
+}
+
 static int first_text(void *ctx, const idem_value *cols, int n)
 {
-	snprintf(ctx, 32, "%.*s", n > 0 ? (int)cols[0].len : 0, n > 0 ? (const char *)cols[0].p : "");
+	snprintf(ctx, 32, "%.*s", n > 0 ? (int)cols[0].len : 0,
+	         n > 0 ? (const char *)cols[0].p : "");
 	return 1;
 }
 
@@ -34,16 +46,19 @@ static void durable_by_default(void **state)
 
 	(void)state;
 	assert_string_equal(idem_store_backend(store), "sqlite");
-	assert_int_equal(idem_store_query(store, "PRAGMA journal_mode", NULL, 0, first_text, mode), 0);
+	assert_int_equal(idem_store_query(store, "PRAGMA journal_mode", NULL, 0, first_text, mode),
+	                 0);
 	assert_string_equal(mode, "wal");
-	assert_int_equal(idem_store_query(store, "PRAGMA synchronous", NULL, 0, test_first_int, &sync), 0);
+	assert_int_equal(
+	    idem_store_query(store, "PRAGMA synchronous", NULL, 0, test_first_int, &sync), 0);
 	assert_int_equal(sync, 2); /* FULL */
 	idem_store_close(store);
 
 	idem_store_opts opts = IDEM_STORE_OPTS_INIT;
 	opts.synchronous_full = 0;
 	assert_int_equal(idem_store_open(&store, url, &opts), 0);
-	assert_int_equal(idem_store_query(store, "PRAGMA synchronous", NULL, 0, test_first_int, &sync), 0);
+	assert_int_equal(
+	    idem_store_query(store, "PRAGMA synchronous", NULL, 0, test_first_int, &sync), 0);
 	assert_int_equal(sync, 1); /* NORMAL, only when asked */
 	idem_store_close(store);
 	test_db_drop(url);
@@ -60,12 +75,7 @@ static void memory_store(void **state)
 
 	(void)state;
 	assert_int_equal(idem_store_open(&store, "sqlite::memory:", NULL), 0);
-	test_fp(fp, "{}");
-	r.scope = "m_1";
-	r.business_type = "payment";
-	r.key = "k";
-	r.key_len = 1;
-	r.fingerprint = fp;
+	payment_request(&r, fp, "k");
 	assert_int_equal(idem_claim_begin(&c, &res, store, &r), 0);
 	assert_int_equal(res.outcome, IDEM_FIRST);
 	assert_int_equal(idem_claim_complete(c, 201, "m", 1), 0);
@@ -150,12 +160,7 @@ static void locked_database_is_an_error(void **state)
 	assert_int_equal(sqlite3_open(path_of(url), &other), SQLITE_OK);
 	assert_int_equal(sqlite3_exec(other, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
 
-	test_fp(fp, "{}");
-	r.scope = "m_1";
-	r.business_type = "payment";
-	r.key = "locked";
-	r.key_len = 6;
-	r.fingerprint = fp;
+	payment_request(&r, fp, "locked");
 	assert_int_equal(idem_execute(&res, store, &r, noop_unit, &calls), IDEM_ERETRY);
 	assert_int_equal(res.outcome, 0);
 	assert_int_equal(calls, 0);
@@ -183,10 +188,10 @@ static void newer_schema_is_refused(void **state)
 	idem_store_close(store);
 	assert_int_equal(sqlite3_open(path_of(url), &db), SQLITE_OK);
 	assert_int_equal(sqlite3_exec(db,
-				      "INSERT INTO idem_schema_version (version, applied_at)"
-				      " VALUES (999, 0)",
-				      NULL, NULL, NULL),
-			 SQLITE_OK);
+	                              "INSERT INTO idem_schema_version (version, applied_at)"
+	                              " VALUES (999, 0)",
+	                              NULL, NULL, NULL),
+	                 SQLITE_OK);
 	sqlite3_close(db);
 	store = (idem_store *)1;
 	assert_int_equal(idem_store_open(&store, url, NULL), IDEM_ESCHEMA);
@@ -215,7 +220,7 @@ static void migrations_race_across_processes(void **state)
 
 			if (rc != 0) /* say why: this race is the point of the test */
 				fprintf(stderr, "child %d: open: %d %s\n", i, rc,
-					idem_error_last()->message);
+				        idem_error_last()->message);
 			idem_store_close(s);
 			_exit(rc == 0 ? 0 : 1);
 		}
@@ -231,8 +236,8 @@ static void migrations_race_across_processes(void **state)
 	assert_int_equal(idem_store_schema_version(store, &v), 0);
 	assert_int_equal(v, idem_store_schema_latest(store));
 	assert_int_equal(idem_store_query(store, "SELECT count(*) FROM idem_schema_version", NULL,
-					  0, test_first_int, &rows),
-			 0);
+	                                  0, test_first_int, &rows),
+	                 0);
 	assert_int_equal(rows, idem_store_schema_latest(store));
 	idem_store_close(store);
 	test_db_drop(url);
@@ -267,7 +272,7 @@ static int count_in_txn(idem_txn *txn, void *ctx)
 
 	/* The unit's own read through the store, not through txn. */
 	return idem_store_query(idem_txn_store(txn), "SELECT count(*) FROM idem_records", NULL, 0,
-				idem_row_int, n);
+	                        idem_row_int, n);
 }
 
 static int count_in_work(idem_txn *txn, void *ctx, idem_response *resp)
@@ -297,12 +302,7 @@ static void read_inside_txn_without_readers(const char *url, int batch)
 	assert_int_equal(idem_store_open(&store, url, &opts), 0);
 	assert_int_equal(idem_store_transact(store, count_in_txn, &n), 0);
 	assert_int_equal(n, 0);
-	test_fp(fp, "{}");
-	r.scope = "m_1";
-	r.business_type = "payment";
-	r.key = "k";
-	r.key_len = 1;
-	r.fingerprint = fp;
+	payment_request(&r, fp, "k");
 	n = -1;
 	assert_int_equal(idem_execute(&res, store, &r, count_in_work, &n), 0);
 	assert_int_equal(res.outcome, IDEM_FIRST);
@@ -310,8 +310,9 @@ static void read_inside_txn_without_readers(const char *url, int batch)
 	assert_int_equal(n, 1);
 	idem_result_clear(&res);
 	/* Outside any transaction the store still reads (and the lock was freed). */
-	assert_int_equal(idem_store_query(store, "SELECT count(*) FROM idem_records", NULL, 0,
-					  idem_row_int, &n), 0);
+	assert_int_equal(
+	    idem_store_query(store, "SELECT count(*) FROM idem_records", NULL, 0, idem_row_int, &n),
+	    0);
 	assert_int_equal(n, 1);
 	idem_store_close(store);
 	alarm(0);
@@ -339,16 +340,16 @@ static void zero_readers_read_inside_txn(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(durable_by_default),
-		cmocka_unit_test(memory_store),
-		cmocka_unit_test(not_a_database),
-		cmocka_unit_test(unopenable_paths),
-		cmocka_unit_test(locked_database_is_an_error),
-		cmocka_unit_test(newer_schema_is_refused),
-		cmocka_unit_test(migrations_race_across_processes),
-		cmocka_unit_test(explicit_migrate),
-		cmocka_unit_test(memory_read_inside_txn),
-		cmocka_unit_test(zero_readers_read_inside_txn),
+	    cmocka_unit_test(durable_by_default),
+	    cmocka_unit_test(memory_store),
+	    cmocka_unit_test(not_a_database),
+	    cmocka_unit_test(unopenable_paths),
+	    cmocka_unit_test(locked_database_is_an_error),
+	    cmocka_unit_test(newer_schema_is_refused),
+	    cmocka_unit_test(migrations_race_across_processes),
+	    cmocka_unit_test(explicit_migrate),
+	    cmocka_unit_test(memory_read_inside_txn),
+	    cmocka_unit_test(zero_readers_read_inside_txn),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
