@@ -375,11 +375,12 @@ static void flow_run(pay__job *job, CURL *h)
 		goto answer; /* a store error, a duplicate, or prep's own answer */
 	idem_result_clear(&res);
 	if (!h || !(body = f->body(j))) {
-		pay__claim_abort(claim);
+		idem_claim_abort(claim);
 		rc = pay__unavailable(&res, f->what, "out of memory");
 		goto answer;
 	}
 	pay__ch_call(c->pay, h, &j->ch, f->call, "POST", f->path, body, &j->reply);
+	pay__after_channel(c->pay);
 	if (j->reply.outcome == PAY__CH_OK && !f->answer_valid(&j->reply, j->id)) {
 		j->reply.outcome = PAY__CH_UNKNOWN;
 		snprintf(j->reply.why, sizeof(j->reply.why), "an OK answer for another number");
@@ -387,14 +388,14 @@ static void flow_run(pay__job *job, CURL *h)
 	if (j->reply.outcome == PAY__CH_UNKNOWN) {
 		/* Never guess: it may have taken effect. The retry takes over at
 		 * once and sends the same number. */
-		pay__claim_abort(claim);
+		idem_claim_abort(claim);
 		rc = pay__unavailable(&res, f->what, j->reply.why);
 		goto answer;
 	}
 	rc = idem_claim_finish(&res, claim,
 	                       j->reply.outcome == PAY__CH_OK ? f->ok_work : f->declined_work, j);
 	if (rc < 0 && rc != IDEM_ELEASE)
-		pay__claim_abort(claim); /* the retry asks the channel again: same number */
+		idem_claim_abort(claim); /* the retry asks the channel again: same number */
 	if (rc == IDEM_ELEASE)
 		rc = idem__error(IDEM_ERETRY, "lease lost while calling the channel");
 answer:

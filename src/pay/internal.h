@@ -257,13 +257,13 @@ void pay__finish(pay__op *op, int rc);
 /* Answer with a claim's result (duplicates get their problem bodies), free op. */
 void pay__op_done(pay__op *op, int rc, idem_result *res);
 /*
- * idem_claim_abort, best effort, on a worker running under the request's
- * deadline: if that passed (a slow channel call ate it), the abort still
- * gets PAY__ABORT_GRACE_MS of its own, so a retry can take over at once
- * instead of waiting for the lease; the answer waits no longer than that.
+ * The channel has answered (or the call ended unknown): what the request
+ * writes from here (the completion, or the abort that lets a retry take
+ * over) runs under a deadline of its own, from now, never the remains of
+ * the request's: the channel call has its own timeout, and money it moved
+ * must be recorded, not cut off because the call took the request's time.
  */
-#define PAY__ABORT_GRACE_MS 1000
-void pay__claim_abort(idem_claim *claim);
+void pay__after_channel(idem_pay *pay);
 /* Fill op->req for (caller, type, key or natural) as pay__start does. */
 void pay__op_request(pay__op *op, const char *type, const char *natural, int64_t ttl_ms,
                      int backstop);

@@ -12,7 +12,6 @@
 #include "core/claim_internal.h"
 #include "pay/channel.h"
 #include "pay/internal.h"
-#include "util/clock.h"
 #include "util/error.h"
 #include "util/waiter.h"
 
@@ -186,15 +185,9 @@ void pay__op_done(pay__op *op, int rc, idem_result *res)
 	on_done(op, rc, res);
 }
 
-void pay__claim_abort(idem_claim *claim)
+void pay__after_channel(idem_pay *pay)
 {
-	int64_t d = idem_deadline_get(), grace;
-
-	grace = idem__clock_monotonic_us() + PAY__ABORT_GRACE_MS * 1000LL;
-	if (d && d < grace)
-		idem_deadline_adopt(grace);
-	idem_claim_abort(claim);
-	idem_deadline_adopt(d);
+	idem_deadline_begin(pay->store);
 }
 
 static void two_phase_done(idem_pay *pay)
@@ -216,9 +209,10 @@ static void *two_phase_main(void *arg)
 	if ((rc = idem_claim_begin(&claim, &res, op->pay->store, &op->req)) == 0 && claim) {
 		idem_result_clear(&res);
 		op->before_work(op->pay);
+		pay__after_channel(op->pay);
 		rc = idem_claim_finish(&res, claim, op->work, op);
 		if (rc < 0 && rc != IDEM_ELEASE)
-			pay__claim_abort(claim); /* best effort; else the lease runs out */
+			idem_claim_abort(claim); /* best effort; else the lease runs out */
 		if (rc == IDEM_ELEASE) /* someone took over and will answer: ask to retry */
 			rc = idem__error(IDEM_ERETRY, "lease lost while calling the channel");
 		idem_claim_free(claim);
