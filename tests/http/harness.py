@@ -161,12 +161,43 @@ def http_request(port, method, path, body=None, headers=None, timeout=REQUEST_TI
             try:
                 conn.request(method, path, body=body, headers=hdrs)
             except (BrokenPipeError, ConnectionResetError):
-                pass
+                if conn.sock is None:
+                    raise  # reset while connecting: there is no answer to read
         resp = conn.getresponse()
         data = resp.read()
         return Response(resp.status, resp.headers, data)
     finally:
         conn.close()
+
+
+def storm(calls, timeout=60, sent=None):
+    """Run every call, (side, zero-argument function), in its own thread, all
+    released together; returns the responses in order, each with .side set
+    (exceptions are returned, not raised). sent(side), when given, is called
+    after each call, answered or not."""
+    barrier = threading.Barrier(len(calls))
+    out = [None] * len(calls)
+
+    def run(i):
+        side, fn = calls[i]
+        try:
+            barrier.wait(15)
+            out[i] = fn()
+            out[i].side = side
+        except Exception as e:  # noqa: BLE001
+            out[i] = e
+        if sent:
+            sent(side)
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.1, deadline - time.monotonic()))
+    if any(t.is_alive() for t in threads):
+        raise AssertionError("storm did not finish within %ds" % timeout)
+    return out
 
 
 # ---- the server process ------------------------------------------------------
