@@ -218,6 +218,12 @@ static entry *lookup(idem__cache *c, const idem__key *k, int64_t now, shard **sp
 	return e;
 }
 
+/* e was noted with exactly these raw bytes. */
+static int raw_is(const entry *e, const void *raw, size_t len)
+{
+	return e->raw && e->raw_len == len && memcmp(e->raw, raw, len) == 0;
+}
+
 /* out = REPLAY of e (a copy of its body): 1, or IDEM_ENOMEM. */
 static int replay_of(const entry *e, idem_result *out)
 {
@@ -242,7 +248,7 @@ int idem__cache_get_raw(idem__cache *c, const idem__key *k, const void *raw, siz
 		return 0;
 	e = lookup(c, k, now, &s);
 	/* Only equal bytes decide; anything else goes the canonical way, which counts. */
-	if (e && e->raw && e->raw_len == len && memcmp(e->raw, raw, len) == 0) {
+	if (e && raw_is(e, raw, len)) {
 		lru_unlink(s, e);
 		lru_push(s, e);
 		rc = replay_of(e, out);
@@ -262,8 +268,7 @@ void idem__cache_note_raw(idem__cache *c, const idem__key *k, const char *fp, co
 	if (!c || len > IDEM__CACHE_RAW_MAX)
 		return;
 	e = lookup(c, k, now, &s);
-	if (e && strcmp(e->fp, fp) == 0 &&
-	    !(e->raw && e->raw_len == len && memcmp(e->raw, raw, len) == 0)) {
+	if (e && strcmp(e->fp, fp) == 0 && !raw_is(e, raw, len)) {
 		unsigned char *copy = malloc(len ? len : 1);
 
 		if (copy) {
