@@ -36,33 +36,13 @@ EXECUTED = [0, 0]  # of which executed (no Idempotent-Replayed)
 _count = threading.Lock()
 
 
+def _sent(side):
+    with _count:
+        SENT[side] += 1
+
+
 def storm(calls, timeout=60):
-    """Run every call, (side, zero-argument function), in its own thread, all
-    released together; returns the responses in order, each with .side set
-    (exceptions are returned, not raised)."""
-    barrier = threading.Barrier(len(calls))
-    out = [None] * len(calls)
-
-    def run(i):
-        side, fn = calls[i]
-        try:
-            barrier.wait(15)
-            out[i] = fn()
-            out[i].side = side
-        except Exception as e:  # noqa: BLE001
-            out[i] = e
-        with _count:
-            SENT[side] += 1
-
-    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(calls))]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + timeout
-    for t in threads:
-        t.join(max(0.1, deadline - time.monotonic()))
-    if any(t.is_alive() for t in threads):
-        raise AssertionError("storm did not finish within %ds" % timeout)
-    return out
+    return harness.storm(calls, timeout, sent=_sent)
 
 
 class TwoIdemd(unittest.TestCase):
