@@ -378,6 +378,28 @@ static void request_id(char out[17])
 	out[16] = '\0';
 }
 
+static double since_start(const http_req *r)
+{
+	struct timespec now;
+
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	return (double)(now.tv_sec - r->start.tv_sec) +
+	       (double)(now.tv_nsec - r->start.tv_nsec) / 1e9;
+}
+
+/*
+ * The metrics see a request before its client sees the answer: observed
+ * after the response is complete (on_completed), a client that read its
+ * replay and asked /metrics at once could find it not yet counted.
+ */
+static void observe(const char *outcome, double secs)
+{
+	int dup = strcmp(outcome, "replay") == 0 || strcmp(outcome, "in_progress") == 0 ||
+	          strcmp(outcome, "mismatch") == 0;
+
+	metrics_observe(secs, dup || strcmp(outcome, "first") == 0, dup);
+}
+
 static enum MHD_Result send_answer(http_req *r, http_answer *a)
 {
 	struct MHD_Response *resp;
@@ -409,13 +431,14 @@ static enum MHD_Result send_answer(http_req *r, http_answer *a)
 		MHD_add_response_header(resp, "WWW-Authenticate", a->www_auth);
 	if (a->close)
 		MHD_add_response_header(resp, "Connection", "close");
-	ret = MHD_queue_response(r->conn, (unsigned)a->status, resp);
-	MHD_destroy_response(resp);
-	track_set(r->server, r->conn, 0);
 	r->answered = 1;
 	r->answer.status = a->status;
 	r->answer.outcome = a->outcome ? a->outcome : "-";
 	r->answer.replayed = a->replayed;
+	observe(r->answer.outcome, since_start(r));
+	ret = MHD_queue_response(r->conn, (unsigned)a->status, resp);
+	MHD_destroy_response(resp);
+	track_set(r->server, r->conn, 0);
 	return ret;
 }
 
@@ -625,21 +648,16 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 {
 	http_server *h = cls;
 	http_req *r = *con_cls;
-	struct timespec end;
 	double secs;
-	int claimed, dup, refused;
+	int refused;
 	const char *o;
 
 	if (!r)
 		return;
-	clock_gettime(CLOCK_MONOTONIC, &end);
-	secs =
-	    (double)(end.tv_sec - r->start.tv_sec) + (double)(end.tv_nsec - r->start.tv_nsec) / 1e9;
+	secs = since_start(r);
 	o = r->answered ? r->answer.outcome : "aborted";
-	dup =
-	    strcmp(o, "replay") == 0 || strcmp(o, "in_progress") == 0 || strcmp(o, "mismatch") == 0;
-	claimed = dup || strcmp(o, "first") == 0;
-	metrics_observe(secs, claimed, dup);
+	if (!r->answered)
+		observe(o, secs);
 	log_request(r->request_id, r->method, r->match.route ? r->match.route : "-",
 	            r->answered ? r->answer.status : 0,
 	            toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? o : "client-gone", secs * 1000.0);
