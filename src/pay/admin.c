@@ -13,6 +13,7 @@
 
 #include "idem/admin.h"
 #include "pay/internal.h"
+#include "util/digest.h"
 #include "util/error.h"
 #include "util/rand.h"
 
@@ -85,7 +86,6 @@ int idem_admin_merchant_rotate_key(idem_pay *pay, const char *merchant_id,
 {
 	char key_id[KEY_ID_HEX + 1], secret[KEY_SECRET_HEX + 1], digest[65];
 	unsigned char md[32];
-	unsigned int mdlen = 0;
 	update_one u = {0};
 	int rc;
 
@@ -105,10 +105,8 @@ int idem_admin_merchant_rotate_key(idem_pay *pay, const char *merchant_id,
 		return rc;
 	snprintf(key_out, IDEM_PAY_SECRET_SIZE, "sk_%s_%s", key_id, secret);
 	OPENSSL_cleanse(secret, sizeof(secret));
-	if (!EVP_Digest(key_out, strlen(key_out), md, &mdlen, EVP_sha256(), NULL)) {
-		rc = idem__error(IDEM_ESTORE, "SHA-256 failed");
+	if ((rc = idem__sha256(md, key_out, strlen(key_out))) < 0)
 		goto done;
-	}
 	idem__hex(digest, md, sizeof(md));
 	u.sql = "UPDATE merchants SET key_id = ?, key_digest = ? WHERE id = ?";
 	u.p[0] = IDEM_V_TEXT(key_id);

@@ -22,6 +22,7 @@
 #include "pay/channel.h"
 #include "pay/internal.h"
 #include "idem/admin.h"
+#include "util/digest.h"
 #include "util/error.h"
 #include "util/rand.h"
 #include "util/secretbox.h"
@@ -100,13 +101,15 @@ void idem_pay_close(idem_pay *pay)
 	free(pay);
 }
 
-static void sha256_hex(char out[65], const void *data, size_t len)
+static int sha256_hex(char out[65], const void *data, size_t len)
 {
 	unsigned char md[32];
-	unsigned int n = 0;
+	int rc = idem__sha256(md, data, len);
 
-	EVP_Digest(data, len, md, &n, EVP_sha256(), NULL);
-	idem__hex(out, md, sizeof(md));
+	if (rc == 0)
+		idem__hex(out, md, sizeof(md));
+	OPENSSL_cleanse(md, sizeof(md));
+	return rc;
 }
 
 typedef struct {
@@ -221,9 +224,9 @@ int idem_pay_merchant_add(idem_pay *pay, const char *name, char id_out[IDEM_PAY_
 	    (rc = idem__rand_hex(secret, KEY_SECRET_HEX / 2)) < 0)
 		return rc;
 	snprintf(key_out, IDEM_PAY_SECRET_SIZE, "sk_%s_%s", m.key_id, secret);
-	sha256_hex(m.digest, key_out, strlen(key_out));
 	OPENSSL_cleanse(secret, sizeof(secret));
-	if ((rc = idem_store_transact(home->store, insert_merchant, &m)) < 0) {
+	if ((rc = sha256_hex(m.digest, key_out, strlen(key_out))) < 0 ||
+	    (rc = idem_store_transact(home->store, insert_merchant, &m)) < 0) {
 		OPENSSL_cleanse(key_out, IDEM_PAY_SECRET_SIZE);
 		key_out[0] = '\0';
 		return rc;
@@ -336,7 +339,8 @@ int idem_pay_authenticate(idem_pay *pay, const char *api_key, size_t len,
 			pay__dir_remember(pay, id_out, shard);
 		return rc;
 	}
-	sha256_hex(digest, api_key, len);
+	if ((rc = sha256_hex(digest, api_key, len)) < 0)
+		return rc;
 	if (pay->auth && pay__authcache_get(pay->auth, digest, pay__now(pay), id_out))
 		return 0;
 	memcpy(key_id, api_key + 3, KEY_ID_HEX);

@@ -29,6 +29,7 @@
 
 #include "pay/internal.h"
 #include "util/clock.h"
+#include "util/digest.h"
 #include "util/error.h"
 #include "util/rand.h"
 
@@ -162,13 +163,14 @@ static int credit_fingerprint(const outbox_row *o, char out[IDEM_FINGERPRINT_LEN
 {
 	char buf[512];
 	unsigned char md[32];
-	unsigned int n = 0;
 	int len = snprintf(buf, sizeof(buf), "transfer_credit\n%s\n%s\n%s\n%lld\n%s", o->id,
 	                   o->from, o->to, (long long)o->amount, o->currency);
+	int rc;
 
-	if (len < 0 || len >= (int)sizeof(buf) ||
-	    !EVP_Digest(buf, (size_t)len, md, &n, EVP_sha256(), NULL))
-		return idem__error(IDEM_ESTORE, "SHA-256 failed");
+	if (len < 0 || len >= (int)sizeof(buf))
+		return idem__error(IDEM_ESTORE, "transfer credit fingerprint: values too long");
+	if ((rc = idem__sha256(md, buf, (size_t)len)) < 0)
+		return rc;
 	idem__hex(out, md, sizeof(md));
 	return 0;
 }

@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "pay/internal.h"
+#include "util/digest.h"
 #include "util/error.h"
 #include "util/rand.h"
 
@@ -207,13 +208,13 @@ int pay__new_key_id(const idem_pay *pay, char out[17])
 int idem_pay_shard_of(const char *merchant_id, int nshards)
 {
 	unsigned char md[32];
-	unsigned int n = 0;
 	uint64_t v = 0;
+	int rc;
 
 	if (!merchant_id || nshards < 1)
 		return IDEM_EINVAL;
-	if (!EVP_Digest(merchant_id, strlen(merchant_id), md, &n, EVP_sha256(), NULL))
-		return idem__error(IDEM_ESTORE, "SHA-256 failed");
+	if ((rc = idem__sha256(md, merchant_id, strlen(merchant_id))) < 0)
+		return rc;
 	for (int i = 0; i < 8; i++)
 		v = v << 8 | md[i];
 	return (int)(v % (uint64_t)nshards);
