@@ -10,7 +10,8 @@
 #                            the Galera cluster of scripts/galera-up.sh),
 #                            nftables for the network faults of
 #                            tests/fault/test_netfault.py, promtool, the
-#                            packaging tools, clang and its
+#                            packaging tools, clang-format (the style
+#                            check), clang and its
 #                            libFuzzer runtime (make fuzz)
 set -euo pipefail
 
@@ -24,7 +25,7 @@ pkg_tools=(debhelper dpkg-dev fakeroot)
 for arg in "$@"; do
   case "$arg" in
     --all) pkgs+=(postgresql mariadb-server galera-4 rsync iproute2 nftables sqlite3 prometheus
-             clang libclang-rt-14-dev "${pkg_tools[@]}") ;;
+             clang clang-format libclang-rt-14-dev "${pkg_tools[@]}") ;;
     --pkg) pkgs+=("${pkg_tools[@]}") ;;
     *) echo "usage: deps.sh [--all|--pkg]" >&2; exit 2 ;;
   esac

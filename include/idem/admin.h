@@ -12,9 +12,9 @@
 #include "claim.h"
 #include "common.h"
 #include "pay.h"
-#include "store.h"
 #include "recon.h"
 #include "stats.h"
+#include "store.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -24,8 +24,8 @@ extern "C" {
 
 /* One merchant or channel, as the list calls report it. Borrowed for the call. */
 typedef struct {
-	const char *id;     /* merchant id ("m_…") or channel name */
-	const char *name;   /* merchant name; the channel name for channels */
+	const char *id;   /* merchant id ("m_…") or channel name */
+	const char *name; /* merchant name; the channel name for channels */
 	int64_t created_at_ms;
 } idem_admin_entry;
 
@@ -41,7 +41,7 @@ IDEM_EXTERN int idem_admin_merchant_list(idem_pay *pay, idem_admin_entry_fn fn, 
  * key_out: receives "sk_…". Returns 0; IDEM_ENOTFOUND for no such merchant.
  */
 IDEM_EXTERN int idem_admin_merchant_rotate_key(idem_pay *pay, const char *merchant_id,
-					       char key_out[IDEM_PAY_SECRET_SIZE]);
+                                               char key_out[IDEM_PAY_SECRET_SIZE]);
 
 /* Visit every channel (never its secret). */
 IDEM_EXTERN int idem_admin_channel_list(idem_pay *pay, idem_admin_entry_fn fn, void *ctx);
@@ -51,7 +51,7 @@ IDEM_EXTERN int idem_admin_channel_list(idem_pay *pay, idem_admin_entry_fn fn, v
  * verifying at the commit. Returns 0; IDEM_ENOTFOUND for no such channel.
  */
 IDEM_EXTERN int idem_admin_channel_rotate_secret(idem_pay *pay, const char *channel,
-						 char secret_out[IDEM_PAY_SECRET_SIZE]);
+                                                 char secret_out[IDEM_PAY_SECRET_SIZE]);
 
 /*
  * Seal every channel secret again in one transaction: plain ones and ones
@@ -62,7 +62,7 @@ IDEM_EXTERN int idem_admin_channel_rotate_secret(idem_pay *pay, const char *chan
  * open with it.
  */
 IDEM_EXTERN int idem_admin_channel_rekey(idem_pay *pay, const unsigned char *new_key,
-					 int64_t *changed_out);
+                                         int64_t *changed_out);
 
 /* ---- purge -------------------------------------------------------------- */
 

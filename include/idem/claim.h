@@ -36,9 +36,9 @@ typedef enum {
 IDEM_EXTERN const char *idem_outcome_name(idem_outcome o);
 
 /* Limits on the parts of a key. */
-#define IDEM_SCOPE_MAX 128
-#define IDEM_TYPE_MAX 64
-#define IDEM_KEY_MAX 255
+#define IDEM_SCOPE_MAX       128
+#define IDEM_TYPE_MAX        64
+#define IDEM_KEY_MAX         255
 #define IDEM_FINGERPRINT_LEN 64 /* lower-case hex SHA-256 */
 
 #define IDEM_REQUEST_VERSION 1
@@ -50,22 +50,25 @@ typedef struct {
 	const char *business_type; /* 1..64 bytes of [a-z0-9_] */
 	const char *key;           /* the idempotency key: see idem_key_validate */
 	size_t key_len;
-	const char *fingerprint;   /* 64 lower-case hex chars (idem_fingerprint) */
-	int64_t ttl_ms;            /* retention; 0: the store's default */
-	int64_t lease_ms;          /* two-phase lease; 0: the store's default */
+	const char *fingerprint; /* 64 lower-case hex chars (idem_fingerprint) */
+	int64_t ttl_ms;          /* retention; 0: the store's default */
+	int64_t lease_ms;        /* two-phase lease; 0: the store's default */
 } idem_request;
 
-#define IDEM_REQUEST_INIT { IDEM_REQUEST_VERSION, NULL, NULL, NULL, 0, NULL, 0, 0 }
+#define IDEM_REQUEST_INIT                                                                          \
+	{                                                                                          \
+		IDEM_REQUEST_VERSION, NULL, NULL, NULL, 0, NULL, 0, 0                              \
+	}
 
 /* The answer for one request. */
 typedef struct {
 	idem_outcome outcome;
-	int http_status;           /* REPLAY, and FIRST after the work: the response status */
-	unsigned char *body;       /* owned; free with idem_result_clear */
+	int http_status;     /* REPLAY, and FIRST after the work: the response status */
+	unsigned char *body; /* owned; free with idem_result_clear */
 	size_t body_len;
-	int stored;                /* FIRST: 1 when the response was committed with the record */
-	int64_t retry_after_ms;    /* IN_PROGRESS: time left on the holder's lease */
-	int64_t expires_at_ms;     /* FIRST (stored), REPLAY, MISMATCH: the record's expiry */
+	int stored;             /* FIRST: 1 when the response was committed with the record */
+	int64_t retry_after_ms; /* IN_PROGRESS: time left on the holder's lease */
+	int64_t expires_at_ms;  /* FIRST (stored), REPLAY, MISMATCH: the record's expiry */
 } idem_result;
 
 /* Free what a result owns and zero it. NULL is accepted. */
@@ -73,10 +76,10 @@ IDEM_EXTERN void idem_result_clear(idem_result *res);
 
 /* What a unit of work answers. */
 typedef struct {
-	int http_status;           /* 100..599 */
-	unsigned char *body;       /* malloc'd; the library takes ownership */
+	int http_status;     /* 100..599 */
+	unsigned char *body; /* malloc'd; the library takes ownership */
 	size_t body_len;
-	int persist;               /* 1 (default): store it; 0: roll the unit back, answer once */
+	int persist; /* 1 (default): store it; 0: roll the unit back, answer once */
 } idem_response;
 
 /*
@@ -84,7 +87,7 @@ typedef struct {
  * Replaces (and frees) a body set before.
  */
 IDEM_EXTERN int idem_response_set(idem_response *resp, int http_status, const void *body,
-				  size_t len);
+                                  size_t len);
 
 /*
  * The unit of work: business writes through txn (idem_txn_exec/_query), then
@@ -106,7 +109,7 @@ typedef int (*idem_work_fn)(idem_txn *txn, void *ctx, idem_response *resp);
  * a store failure is never reported as a duplicate.
  */
 IDEM_EXTERN int idem_execute(idem_result *out, idem_store *store, const idem_request *req,
-			     idem_work_fn work, void *ctx);
+                             idem_work_fn work, void *ctx);
 
 /*
  * Called once with the answer of idem_execute_async: rc and res as
@@ -125,9 +128,8 @@ typedef void (*idem_done_fn)(void *ctx, int rc, idem_result *res);
  * req's strings, work and ctx must stay valid until done has been called;
  * work runs on the writer thread. done is called exactly once.
  */
-IDEM_EXTERN void idem_execute_async(idem_store *store, const idem_request *req,
-				    idem_work_fn work, void *ctx, idem_done_fn done,
-				    void *done_ctx);
+IDEM_EXTERN void idem_execute_async(idem_store *store, const idem_request *req, idem_work_fn work,
+                                    void *ctx, idem_done_fn done, void *done_ctx);
 
 /* Two-phase mode. */
 typedef struct idem_claim idem_claim;
@@ -139,7 +141,7 @@ typedef struct idem_claim idem_claim;
  * out:       receives the outcome (and the stored response for REPLAY).
  */
 IDEM_EXTERN int idem_claim_begin(idem_claim **out_claim, idem_result *out, idem_store *store,
-				 const idem_request *req);
+                                 const idem_request *req);
 
 /*
  * Store the response and mark the record SUCCEEDED (2xx) or FAILED.
@@ -147,7 +149,7 @@ IDEM_EXTERN int idem_claim_begin(idem_claim **out_claim, idem_result *out, idem_
  * is not stored; the new owner's answer wins); store errors otherwise.
  */
 IDEM_EXTERN int idem_claim_complete(idem_claim *claim, int http_status, const void *body,
-				    size_t len);
+                                    size_t len);
 
 /*
  * Finish a claim with business writes: run work and, in the same transaction,
@@ -161,7 +163,7 @@ IDEM_EXTERN int idem_claim_complete(idem_claim *claim, int http_status, const vo
  * until idem_claim_abort or its lease runs out).
  */
 IDEM_EXTERN int idem_claim_finish(idem_result *out, idem_claim *claim, idem_work_fn work,
-				  void *ctx);
+                                  void *ctx);
 
 /*
  * idem_claim_begin with business rows in the claim's own transaction: when
@@ -173,9 +175,8 @@ IDEM_EXTERN int idem_claim_finish(idem_result *out, idem_claim *claim, idem_work
  * the two-phase call whose downstream number (a payment id sent to a
  * channel) must exist before the call and survive every retry.
  */
-IDEM_EXTERN int idem_claim_begin_with(idem_claim **out_claim, idem_result *out,
-				      idem_store *store, const idem_request *req,
-				      idem_work_fn prep, void *ctx);
+IDEM_EXTERN int idem_claim_begin_with(idem_claim **out_claim, idem_result *out, idem_store *store,
+                                      const idem_request *req, idem_work_fn prep, void *ctx);
 
 /*
  * Inside txn: complete the record of (scope, business_type, key) with this
@@ -185,8 +186,8 @@ IDEM_EXTERN int idem_claim_begin_with(idem_claim **out_claim, idem_result *out,
  * later retry replays the answer instead of running again.
  */
 IDEM_EXTERN int idem_record_settle(idem_txn *txn, const char *scope, const char *business_type,
-				   const char *key, size_t key_len, int http_status,
-				   const void *body, size_t len, int *settled);
+                                   const char *key, size_t key_len, int http_status,
+                                   const void *body, size_t len, int *settled);
 
 /* Push the lease out to now + lease_ms. IDEM_ELEASE when it was lost. */
 IDEM_EXTERN int idem_claim_extend(idem_claim *claim, int64_t lease_ms);
@@ -202,11 +203,11 @@ IDEM_EXTERN void idem_claim_free(idem_claim *claim);
 
 /* A stored record, as idem_record_get reads it. */
 typedef struct {
-	char status[16];           /* "PROCESSING", "SUCCEEDED", "FAILED" */
-	int http_status;           /* 0 while PROCESSING */
+	char status[16]; /* "PROCESSING", "SUCCEEDED", "FAILED" */
+	int http_status; /* 0 while PROCESSING */
 	char fingerprint[IDEM_FINGERPRINT_LEN + 1];
 	int64_t created_at_ms, expires_at_ms, lease_until_ms;
-	unsigned char *body;       /* owned; free with idem_record_info_clear */
+	unsigned char *body; /* owned; free with idem_record_info_clear */
 	size_t body_len;
 } idem_record_info;
 
@@ -215,7 +216,7 @@ typedef struct {
  * Returns 0, IDEM_ENOTFOUND, or a store error.
  */
 IDEM_EXTERN int idem_record_get(idem_record_info *out, idem_store *store, const char *scope,
-				const char *business_type, const char *key, size_t key_len);
+                                const char *business_type, const char *key, size_t key_len);
 
 IDEM_EXTERN void idem_record_info_clear(idem_record_info *info);
 

@@ -26,18 +26,19 @@ extern "C" {
  */
 typedef enum {
 	IDEM_OK = 0,
-	IDEM_EINVAL = -1,      /* a bad argument: invalid key, scope, URL, JSON */
-	IDEM_ENOMEM = -2,      /* out of memory */
-	IDEM_EUNAVAIL = -3,    /* the store cannot be reached or opened (I/O, lost connection) */
-	IDEM_ERETRY = -4,      /* transient: busy, locked, deadlock, serialization; retry the unit */
-	IDEM_ECONSTRAINT = -5, /* NOT NULL, CHECK, foreign key or similar violation in business SQL */
-	IDEM_ECONFLICT = -6,   /* a UNIQUE index on a business row rejected the write */
-	IDEM_ESTORE = -7,      /* any other store error (SQL error, full disk, ...) */
-	IDEM_ECORRUPT = -8,    /* the database file is not a database or is damaged */
-	IDEM_ESCHEMA = -9,     /* the schema is newer than this library or missing */
-	IDEM_ENOTFOUND = -10,  /* no such record */
-	IDEM_ELEASE = -11,     /* the claim's lease was lost: another caller took it over */
-	IDEM_ECLOSED = -12,    /* the store or executor is shutting down */
+	IDEM_EINVAL = -1,   /* a bad argument: invalid key, scope, URL, JSON */
+	IDEM_ENOMEM = -2,   /* out of memory */
+	IDEM_EUNAVAIL = -3, /* the store cannot be reached or opened (I/O, lost connection) */
+	IDEM_ERETRY = -4,   /* transient: busy, locked, deadlock, serialization; retry the unit */
+	IDEM_ECONSTRAINT =
+	    -5,              /* NOT NULL, CHECK, foreign key or similar violation in business SQL */
+	IDEM_ECONFLICT = -6, /* a UNIQUE index on a business row rejected the write */
+	IDEM_ESTORE = -7,    /* any other store error (SQL error, full disk, ...) */
+	IDEM_ECORRUPT = -8,  /* the database file is not a database or is damaged */
+	IDEM_ESCHEMA = -9,   /* the schema is newer than this library or missing */
+	IDEM_ENOTFOUND = -10, /* no such record */
+	IDEM_ELEASE = -11,    /* the claim's lease was lost: another caller took it over */
+	IDEM_ECLOSED = -12,   /* the store or executor is shutting down */
 } idem_error_code;
 
 /* Class of a store failure, for metrics and for deciding what a caller does. */
@@ -51,10 +52,10 @@ typedef enum {
 
 /* Detail of the last error on this thread. */
 typedef struct {
-	int code;              /* an idem_error_code */
-	int driver_code;       /* SQLite extended result code, MariaDB errno, 0 if none */
-	char sqlstate[6];      /* PostgreSQL/MariaDB SQLSTATE, "" if none */
-	char message[512];     /* human-readable, includes the driver's own message */
+	int code;          /* an idem_error_code */
+	int driver_code;   /* SQLite extended result code, MariaDB errno, 0 if none */
+	char sqlstate[6];  /* PostgreSQL/MariaDB SQLSTATE, "" if none */
+	char message[512]; /* human-readable, includes the driver's own message */
 } idem_error;
 
 /*

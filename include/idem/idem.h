@@ -7,8 +7,8 @@
 #include "claim.h"
 #include "common.h"
 #include "metrics.h"
-#include "store.h"
 #include "pay.h"
+#include "store.h"
 #include "util.h"
 
 #define IDEM_VERSION "0.1.0"

@@ -22,7 +22,7 @@ extern "C" {
  * number that ended in an error. Borrowed for the call.
  */
 typedef void (*idem_counter_fn)(void *ctx, const char *business_type,
-				const uint64_t counts[IDEM_OUTCOME_COUNT + 1]);
+                                const uint64_t counts[IDEM_OUTCOME_COUNT + 1]);
 
 /* Visit the per-type counters of store. */
 IDEM_EXTERN void idem_metrics_each(idem_store *store, idem_counter_fn fn, void *ctx);

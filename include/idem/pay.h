@@ -26,24 +26,26 @@ typedef struct idem_pay idem_pay;
 #define IDEM_PAY_OPTS_VERSION 2
 
 typedef struct {
-	unsigned int version;          /* IDEM_PAY_OPTS_VERSION */
-	int64_t ttl_ms;                /* idempotency record retention (default 24 h) */
-	int64_t notification_ttl_ms;   /* for channel callbacks (default 72 h, never less) */
-	int mock_channel_delay_ms;     /* > 0: the mock channel answers after this long,
-	                                  and payments on it run in two phases */
+	unsigned int version;        /* IDEM_PAY_OPTS_VERSION */
+	int64_t ttl_ms;              /* idempotency record retention (default 24 h) */
+	int64_t notification_ttl_ms; /* for channel callbacks (default 72 h, never less) */
+	int mock_channel_delay_ms;   /* > 0: the mock channel answers after this long,
+	                                and payments on it run in two phases */
 	/* Connected channels (CHANNEL.md), since version 2: */
-	int channel_workers;           /* threads making channel calls (default 8) */
-	int channel_queue;             /* calls waiting for one before 503 (default 1024) */
-	const char *public_url;        /* this service's base URL as channels reach it, for
-	                                  notify_url (copied; NULL: no notify_url sent) */
+	int channel_workers;    /* threads making channel calls (default 8) */
+	int channel_queue;      /* calls waiting for one before 503 (default 1024) */
+	const char *public_url; /* this service's base URL as channels reach it, for
+	                           notify_url (copied; NULL: no notify_url sent) */
 } idem_pay_opts;
 
 #define IDEM_PAY_OPTS_INIT                                                                         \
-	{ IDEM_PAY_OPTS_VERSION, 24LL * 3600 * 1000, 72LL * 3600 * 1000, 0, 8, 1024, NULL }
+	{                                                                                          \
+		IDEM_PAY_OPTS_VERSION, 24LL * 3600 * 1000, 72LL * 3600 * 1000, 0, 8, 1024, NULL    \
+	}
 
 /* Sizes of the identifiers handed out (including the NUL). */
-#define IDEM_PAY_ID_SIZE 40      /* "m_…", "pay_…", "re_…", "tr_…" */
-#define IDEM_PAY_SECRET_SIZE 96  /* API keys and channel secrets */
+#define IDEM_PAY_ID_SIZE     40 /* "m_…", "pay_…", "re_…", "tr_…" */
+#define IDEM_PAY_SECRET_SIZE 96 /* API keys and channel secrets */
 #define IDEM_PAY_CHANNEL_MAX 32
 
 /*
@@ -63,7 +65,7 @@ IDEM_EXTERN void idem_pay_close(idem_pay *pay);
  * borrowed and must outlive the handle.
  */
 IDEM_EXTERN int idem_pay_open_shards(idem_pay **out, idem_store *const *stores, int n,
-				     const idem_pay_opts *opts);
+                                     const idem_pay_opts *opts);
 /* The shard a merchant created now among nshards goes to: SHA-256 of its id,
  * the first 8 bytes big-endian, modulo nshards. */
 IDEM_EXTERN int idem_pay_shard_of(const char *merchant_id, int nshards);
@@ -89,7 +91,7 @@ IDEM_EXTERN int idem_pay_transfers_drive(idem_pay *pay, int *settled);
  * and the settling of its row (for tests that kill the process in between).
  */
 IDEM_EXTERN int idem_pay_transfer_driver_start(idem_pay *pay, int64_t interval_ms,
-					       int64_t step_delay_ms);
+                                               int64_t step_delay_ms);
 
 /*
  * Create a merchant. id_out receives "m_…", key_out the API key ("sk_…"),
@@ -97,8 +99,8 @@ IDEM_EXTERN int idem_pay_transfer_driver_start(idem_pay *pay, int64_t interval_m
  * Returns 0; IDEM_EINVAL for a name that is not 1..100 bytes of printable UTF-8.
  */
 IDEM_EXTERN int idem_pay_merchant_add(idem_pay *pay, const char *name,
-				      char id_out[IDEM_PAY_ID_SIZE],
-				      char key_out[IDEM_PAY_SECRET_SIZE]);
+                                      char id_out[IDEM_PAY_ID_SIZE],
+                                      char key_out[IDEM_PAY_SECRET_SIZE]);
 
 /*
  * Create a channel named name (1..32 of [a-z0-9_-]); secret_out receives its
@@ -107,7 +109,7 @@ IDEM_EXTERN int idem_pay_merchant_add(idem_pay *pay, const char *name,
  * Returns 0; IDEM_EINVAL for a bad name; IDEM_ECONFLICT when it exists.
  */
 IDEM_EXTERN int idem_pay_channel_add(idem_pay *pay, const char *name,
-				     char secret_out[IDEM_PAY_SECRET_SIZE]);
+                                     char secret_out[IDEM_PAY_SECRET_SIZE]);
 
 /*
  * Connect channel name (created with idem_pay_channel_add): payments and
@@ -117,7 +119,7 @@ IDEM_EXTERN int idem_pay_channel_add(idem_pay *pay, const char *name,
  * no such channel, IDEM_EINVAL for a bad URL or timeout.
  */
 IDEM_EXTERN int idem_pay_channel_connect(idem_pay *pay, const char *name, const char *base_url,
-					 int64_t timeout_ms);
+                                         int64_t timeout_ms);
 
 /*
  * The sweeper (CHANNEL.md): resolve payments and refunds left 'creating'
@@ -165,7 +167,7 @@ IDEM_EXTERN int idem_pay_merchant_count(idem_pay *pay, int64_t *out);
  * unknown or malformed; a store error otherwise.
  */
 IDEM_EXTERN int idem_pay_authenticate(idem_pay *pay, const char *api_key, size_t len,
-				      char id_out[IDEM_PAY_ID_SIZE]);
+                                      char id_out[IDEM_PAY_ID_SIZE]);
 
 /*
  * Check X-Signature (hex HMAC-SHA256 of body with the channel's secret),
@@ -173,18 +175,18 @@ IDEM_EXTERN int idem_pay_authenticate(idem_pay *pay, const char *api_key, size_t
  * unknown or the signature wrong; a store error otherwise.
  */
 IDEM_EXTERN int idem_pay_verify_signature(idem_pay *pay, const char *channel, const char *sig,
-					  size_t sig_len, const void *body, size_t len);
+                                          size_t sig_len, const void *body, size_t len);
 
 /* One write request, as the HTTP layer hands it over. Borrowed for the call. */
 typedef struct {
-	const char *caller;      /* merchant id, or the channel name for notifications */
-	const char *key;         /* Idempotency-Key (validated); NULL: use the natural key */
+	const char *caller; /* merchant id, or the channel name for notifications */
+	const char *key;    /* Idempotency-Key (validated); NULL: use the natural key */
 	size_t key_len;
-	int key_invalid;         /* the header was present but malformed: 400 after the
-	                            JSON syntax check (docs/api-notes.md order of checks) */
-	const char *method;      /* for the fingerprint: "POST" */
-	const char *path;        /* for the fingerprint: "/v1/payments" */
-	const char *body;        /* the raw JSON body */
+	int key_invalid;    /* the header was present but malformed: 400 after the
+	                       JSON syntax check (docs/api-notes.md order of checks) */
+	const char *method; /* for the fingerprint: "POST" */
+	const char *path;   /* for the fingerprint: "/v1/payments" */
+	const char *body;   /* the raw JSON body */
 	size_t body_len;
 } idem_pay_request;
 
@@ -195,7 +197,8 @@ typedef struct {
  * with stored = 0. A negative return is a store failure with nothing
  * committed: answer 503, never a duplicate.
  */
-IDEM_EXTERN int idem_pay_create_payment(idem_result *out, idem_pay *pay, const idem_pay_request *rq);
+IDEM_EXTERN int idem_pay_create_payment(idem_result *out, idem_pay *pay,
+                                        const idem_pay_request *rq);
 IDEM_EXTERN int idem_pay_notify(idem_result *out, idem_pay *pay, const idem_pay_request *rq);
 IDEM_EXTERN int idem_pay_refund(idem_result *out, idem_pay *pay, const idem_pay_request *rq);
 IDEM_EXTERN int idem_pay_transfer(idem_result *out, idem_pay *pay, const idem_pay_request *rq);
@@ -207,25 +210,25 @@ IDEM_EXTERN int idem_pay_transfer(idem_result *out, idem_pay *pay, const idem_pa
  * the COMMIT returned. rq's strings must stay valid until done was called.
  */
 IDEM_EXTERN void idem_pay_create_payment_async(idem_pay *pay, const idem_pay_request *rq,
-					       idem_done_fn done, void *done_ctx);
-IDEM_EXTERN void idem_pay_notify_async(idem_pay *pay, const idem_pay_request *rq,
-				       idem_done_fn done, void *done_ctx);
-IDEM_EXTERN void idem_pay_refund_async(idem_pay *pay, const idem_pay_request *rq,
-				       idem_done_fn done, void *done_ctx);
+                                               idem_done_fn done, void *done_ctx);
+IDEM_EXTERN void idem_pay_notify_async(idem_pay *pay, const idem_pay_request *rq, idem_done_fn done,
+                                       void *done_ctx);
+IDEM_EXTERN void idem_pay_refund_async(idem_pay *pay, const idem_pay_request *rq, idem_done_fn done,
+                                       void *done_ctx);
 IDEM_EXTERN void idem_pay_transfer_async(idem_pay *pay, const idem_pay_request *rq,
-					 idem_done_fn done, void *done_ctx);
+                                         idem_done_fn done, void *done_ctx);
 
 /*
  * Reads, scoped to merchant. Answer through out (outcome FIRST, stored 0):
  * 200 with the JSON object, 404 problem when absent or another merchant's.
  */
 IDEM_EXTERN int idem_pay_get_payment(idem_result *out, idem_pay *pay, const char *merchant,
-				     const char *id);
+                                     const char *id);
 IDEM_EXTERN int idem_pay_find_payment(idem_result *out, idem_pay *pay, const char *merchant,
-				      const char *merchant_order_no);
+                                      const char *merchant_order_no);
 IDEM_EXTERN int idem_pay_get_balance(idem_result *out, idem_pay *pay, const char *merchant);
 IDEM_EXTERN int idem_pay_get_record(idem_result *out, idem_pay *pay, const char *merchant,
-				    const char *business_type, const char *key, size_t key_len);
+                                    const char *business_type, const char *key, size_t key_len);
 
 /*
  * A problem+json body (RFC 9457) with a stable code: out receives a malloc'd,
@@ -233,8 +236,8 @@ IDEM_EXTERN int idem_pay_get_record(idem_result *out, idem_pay *pay, const char 
  * none). Returns 0 or IDEM_ENOMEM.
  */
 IDEM_EXTERN int idem_pay_problem(char **out, size_t *len, int status, const char *code,
-				 const char *detail, const char *extra_name,
-				 const char *extra_value);
+                                 const char *detail, const char *extra_name,
+                                 const char *extra_value);
 
 #ifdef __cplusplus
 }

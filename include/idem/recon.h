@@ -21,25 +21,25 @@ extern "C" {
 #define IDEM_RECON_LINE_MAX 4096
 
 /* The header row a reconciliation file starts with. */
-#define IDEM_RECON_HEADER \
+#define IDEM_RECON_HEADER                                                                          \
 	"channel_txn_id,merchant_id,merchant_order_no,amount,currency,status,paid_at"
 
 #define IDEM_RECON_OPTS_VERSION 1
 
 /* One row that was recorded and differs from the local payment. Borrowed. */
 typedef struct {
-	int64_t line;            /* 1-based line in the file where the row starts */
+	int64_t line; /* 1-based line in the file where the row starts */
 	const char *channel_txn_id;
 	const char *merchant_id;
 	const char *merchant_order_no;
-	const char *payment_id;  /* the local payment */
-	const char *detail;      /* what differs: "amount 1000 != 900" */
+	const char *payment_id; /* the local payment */
+	const char *detail;     /* what differs: "amount 1000 != 900" */
 } idem_recon_mismatch;
 
 typedef struct {
-	unsigned int version;  /* IDEM_RECON_OPTS_VERSION */
-	int64_t ttl_ms;        /* retention of the "recon" records (default 30 days) */
-	int max_in_flight;     /* rows claimed concurrently (default 512, 1..65536) */
+	unsigned int version; /* IDEM_RECON_OPTS_VERSION */
+	int64_t ttl_ms;       /* retention of the "recon" records (default 30 days) */
+	int max_in_flight;    /* rows claimed concurrently (default 512, 1..65536) */
 	/* Each may be NULL. They are called one at a time, never concurrently,
 	 * possibly from a group-commit writer thread. */
 	void (*on_invalid)(void *ctx, int64_t line, const char *reason);
@@ -49,15 +49,17 @@ typedef struct {
 	void *ctx;
 } idem_recon_opts;
 
-#define IDEM_RECON_OPTS_INIT { IDEM_RECON_OPTS_VERSION, 30LL * 24 * 3600 * 1000, 512, \
-			       NULL, NULL, NULL, NULL }
+#define IDEM_RECON_OPTS_INIT                                                                       \
+	{                                                                                          \
+		IDEM_RECON_OPTS_VERSION, 30LL * 24 * 3600 * 1000, 512, NULL, NULL, NULL, NULL      \
+	}
 
 typedef struct {
-	int64_t rows;          /* data rows read (the header excluded) */
-	int64_t inserted;      /* valid rows recorded by this import */
-	int64_t duplicates;    /* valid rows recorded before (this file or earlier) */
+	int64_t rows;       /* data rows read (the header excluded) */
+	int64_t inserted;   /* valid rows recorded by this import */
+	int64_t duplicates; /* valid rows recorded before (this file or earlier) */
 	int64_t matched, mismatched, missing_local; /* inserted = their sum */
-	int64_t invalid;       /* rows that failed validation (on_invalid saw each) */
+	int64_t invalid; /* rows that failed validation (on_invalid saw each) */
 } idem_recon_report;
 
 /*
@@ -77,7 +79,7 @@ typedef struct {
  * so far stay recorded: importing again completes the file).
  */
 IDEM_EXTERN int idem_recon_import(idem_recon_report *out, idem_pay *pay, const char *channel,
-				  FILE *f, const idem_recon_opts *opts);
+                                  FILE *f, const idem_recon_opts *opts);
 
 #ifdef __cplusplus
 }

@@ -20,11 +20,14 @@ typedef struct idem_stats_flusher idem_stats_flusher;
 #define IDEM_STATS_FLUSHER_OPTS_VERSION 1
 
 typedef struct {
-	unsigned int version;  /* IDEM_STATS_FLUSHER_OPTS_VERSION */
-	int interval_ms;       /* time between flushes (default 5000; 50..3600000) */
+	unsigned int version; /* IDEM_STATS_FLUSHER_OPTS_VERSION */
+	int interval_ms;      /* time between flushes (default 5000; 50..3600000) */
 } idem_stats_flusher_opts;
 
-#define IDEM_STATS_FLUSHER_OPTS_INIT { IDEM_STATS_FLUSHER_OPTS_VERSION, 5000 }
+#define IDEM_STATS_FLUSHER_OPTS_INIT                                                               \
+	{                                                                                          \
+		IDEM_STATS_FLUSHER_OPTS_VERSION, 5000                                              \
+	}
 
 /*
  * Start a background thread that, every interval, writes what store's
@@ -40,7 +43,7 @@ typedef struct {
  * thread cannot be started.
  */
 IDEM_EXTERN int idem_stats_flusher_start(idem_stats_flusher **out, idem_store *store,
-					 const idem_stats_flusher_opts *opts);
+                                         const idem_stats_flusher_opts *opts);
 
 /* The instance id rows are written under ("i_" + 16 hex). Borrowed. */
 IDEM_EXTERN const char *idem_stats_flusher_instance(const idem_stats_flusher *f);
@@ -62,10 +65,10 @@ typedef struct {
 
 typedef struct {
 	int64_t window_ms;
-	int64_t requests;    /* claims in the window: first + replay + in_progress + mismatch */
-	int64_t duplicates;  /* replay + in_progress + mismatch */
-	int64_t errors;      /* claims that ended in a store error */
-	int instances;       /* distinct idemd instances that flushed in the window */
+	int64_t requests;       /* claims in the window: first + replay + in_progress + mismatch */
+	int64_t duplicates;     /* replay + in_progress + mismatch */
+	int64_t errors;         /* claims that ended in a store error */
+	int instances;          /* distinct idemd instances that flushed in the window */
 	idem_stats_type *types; /* owned; ordered by business type */
 	size_t ntypes;
 } idem_stats_report;

@@ -25,25 +25,25 @@ typedef int64_t (*idem_clock_fn)(void *ctx);
 #define IDEM_STORE_OPTS_VERSION 1
 
 typedef struct {
-	unsigned int version;       /* IDEM_STORE_OPTS_VERSION */
-	int migrate;                /* apply pending schema migrations on open (default 1) */
-	int synchronous_full;       /* SQLite: synchronous=FULL (default 1); 0 gives NORMAL */
-	int busy_timeout_ms;        /* how long to wait for a lock (default 5000) */
-	int read_connections;       /* read-only connections for replays (default 4) */
-	int max_retries;            /* retries of a unit on IDEM_ERETRY (default 8) */
-	int64_t default_ttl_ms;     /* record retention when a request gives none (default 24 h) */
-	int64_t default_lease_ms;   /* two-phase lease when a request gives none (default 30 s) */
-	idem_clock_fn clock;        /* NULL: the real-time clock; tests inject their own */
+	unsigned int version;     /* IDEM_STORE_OPTS_VERSION */
+	int migrate;              /* apply pending schema migrations on open (default 1) */
+	int synchronous_full;     /* SQLite: synchronous=FULL (default 1); 0 gives NORMAL */
+	int busy_timeout_ms;      /* how long to wait for a lock (default 5000) */
+	int read_connections;     /* read-only connections for replays (default 4) */
+	int max_retries;          /* retries of a unit on IDEM_ERETRY (default 8) */
+	int64_t default_ttl_ms;   /* record retention when a request gives none (default 24 h) */
+	int64_t default_lease_ms; /* two-phase lease when a request gives none (default 30 s) */
+	idem_clock_fn clock;      /* NULL: the real-time clock; tests inject their own */
 	void *clock_ctx;
 	/* Group commit (DESIGN.md §5): units per transaction; <= 1 turns it off. */
-	int batch_max;              /* default 1 (off) */
-	int batch_wait_us;          /* extra wait for a fuller batch (default 0: take what is queued) */
-	int writers;                /* writer threads (default 1; SQLite always uses 1) */
-	int queue_timeout_ms;       /* a unit queued longer is answered IDEM_EUNAVAIL unrun
-	                               (default 0: no limit) */
+	int batch_max;        /* default 1 (off) */
+	int batch_wait_us;    /* extra wait for a fuller batch (default 0: take what is queued) */
+	int writers;          /* writer threads (default 1; SQLite always uses 1) */
+	int queue_timeout_ms; /* a unit queued longer is answered IDEM_EUNAVAIL unrun
+	                         (default 0: no limit) */
 	/* Front cache of completed responses; 0 in either turns it off. */
-	size_t cache_bytes;         /* default 0 */
-	size_t cache_entries;       /* default 0 */
+	size_t cache_bytes;   /* default 0 */
+	size_t cache_entries; /* default 0 */
 	/* Deadline of each request, from its arrival: a write still queued then
 	 * is answered IDEM_EUNAVAIL unrun; a server store's pool wait, connect,
 	 * statement or COMMIT still waiting then fails IDEM_EUNAVAIL (rolled back,
@@ -52,9 +52,11 @@ typedef struct {
 	int request_timeout_ms;
 } idem_store_opts;
 
-#define IDEM_STORE_OPTS_INIT                                                     \
-	{ IDEM_STORE_OPTS_VERSION, 1, 1, 5000, 4, 8, 24LL * 3600 * 1000, 30LL * 1000, \
-	  NULL, NULL, 1, 0, 1, 0, 0, 0, 0 }
+#define IDEM_STORE_OPTS_INIT                                                                       \
+	{                                                                                          \
+		IDEM_STORE_OPTS_VERSION, 1, 1, 5000, 4, 8, 24LL * 3600 * 1000, 30LL * 1000, NULL,  \
+		    NULL, 1, 0, 1, 0, 0, 0, 0                                                      \
+	}
 
 /*
  * Open the store named by url:
@@ -132,23 +134,23 @@ IDEM_EXTERN int64_t idem_store_now(const idem_store *store);
  * deleted_out (may be NULL) receives the number of rows deleted.
  */
 IDEM_EXTERN int idem_store_purge(idem_store *store, int batch, int max_batches,
-				 int64_t *deleted_out);
+                                 int64_t *deleted_out);
 
 /* A bound SQL parameter or a result column. */
 typedef enum { IDEM_VAL_NULL = 0, IDEM_VAL_INT, IDEM_VAL_TEXT, IDEM_VAL_BLOB } idem_val_type;
 
 typedef struct {
 	idem_val_type type;
-	int64_t i;         /* IDEM_VAL_INT */
-	const void *p;     /* IDEM_VAL_TEXT / IDEM_VAL_BLOB: bytes, not NUL-terminated */
+	int64_t i;     /* IDEM_VAL_INT */
+	const void *p; /* IDEM_VAL_TEXT / IDEM_VAL_BLOB: bytes, not NUL-terminated */
 	size_t len;
 } idem_value;
 
-#define IDEM_V_NULL ((idem_value){IDEM_VAL_NULL, 0, NULL, 0})
-#define IDEM_V_INT(v) ((idem_value){IDEM_VAL_INT, (int64_t)(v), NULL, 0})
-#define IDEM_V_TEXT(s) ((idem_value){IDEM_VAL_TEXT, 0, (s), strlen(s)})
+#define IDEM_V_NULL        ((idem_value){IDEM_VAL_NULL, 0, NULL, 0})
+#define IDEM_V_INT(v)      ((idem_value){IDEM_VAL_INT, (int64_t)(v), NULL, 0})
+#define IDEM_V_TEXT(s)     ((idem_value){IDEM_VAL_TEXT, 0, (s), strlen(s)})
 #define IDEM_V_TEXTN(s, n) ((idem_value){IDEM_VAL_TEXT, 0, (s), (n)})
-#define IDEM_V_BLOB(b, n) ((idem_value){IDEM_VAL_BLOB, 0, (b), (n)})
+#define IDEM_V_BLOB(b, n)  ((idem_value){IDEM_VAL_BLOB, 0, (b), (n)})
 
 /*
  * Called once per result row. cols is borrowed for the call only (copy what
@@ -175,8 +177,8 @@ IDEM_EXTERN int idem_row_int(void *ctx, const idem_value *cols, int ncols);
  * rolled back): on PostgreSQL the transaction accepts nothing else until
  * then. To handle a failure and go on, use idem_txn_try_exec.
  */
-IDEM_EXTERN int idem_txn_exec(idem_txn *txn, const char *sql, const idem_value *params,
-			      int nparams, int64_t *changes_out);
+IDEM_EXTERN int idem_txn_exec(idem_txn *txn, const char *sql, const idem_value *params, int nparams,
+                              int64_t *changes_out);
 
 /*
  * idem_txn_exec for a statement whose failure the unit handles and then
@@ -185,11 +187,11 @@ IDEM_EXTERN int idem_txn_exec(idem_txn *txn, const char *sql, const idem_value *
  * usable. Costs a savepoint round trip on PostgreSQL, nothing elsewhere.
  */
 IDEM_EXTERN int idem_txn_try_exec(idem_txn *txn, const char *sql, const idem_value *params,
-				  int nparams, int64_t *changes_out);
+                                  int nparams, int64_t *changes_out);
 
 /* Run a query inside txn; row_fn is called for each row (may be NULL). */
 IDEM_EXTERN int idem_txn_query(idem_txn *txn, const char *sql, const idem_value *params,
-			       int nparams, idem_row_fn row_fn, void *ctx);
+                               int nparams, idem_row_fn row_fn, void *ctx);
 
 /* The store the transaction belongs to. Borrowed. */
 IDEM_EXTERN idem_store *idem_txn_store(idem_txn *txn);
@@ -199,7 +201,7 @@ IDEM_EXTERN idem_store *idem_txn_store(idem_txn *txn);
  * Sees only committed data.
  */
 IDEM_EXTERN int idem_store_query(idem_store *store, const char *sql, const idem_value *params,
-				 int nparams, idem_row_fn row_fn, void *ctx);
+                                 int nparams, idem_row_fn row_fn, void *ctx);
 
 /*
  * Run fn inside one write transaction, committing when it returns 0 and

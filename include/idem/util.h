@@ -30,7 +30,7 @@ IDEM_EXTERN int idem_token_validate(const char *s, size_t len, size_t max);
  * (detail in idem_error_last()); IDEM_ENOMEM.
  */
 IDEM_EXTERN int idem_fingerprint(char out[65], const char *method, const char *path,
-				 const char *body, size_t len);
+                                 const char *body, size_t len);
 
 /*
  * The same fingerprint from a body already in canonical form (what
@@ -39,7 +39,7 @@ IDEM_EXTERN int idem_fingerprint(char out[65], const char *method, const char *p
  * JSON_ENSURE_ASCII | JSON_ENCODE_ANY). canon NULL / len 0: no body.
  */
 IDEM_EXTERN int idem_fingerprint_canonical(char out[65], const char *method, const char *path,
-					   const char *canon, size_t len);
+                                           const char *canon, size_t len);
 
 #ifdef __cplusplus
 }

@@ -44,8 +44,8 @@ typedef struct unit {
 	void *done_ctx;
 	idem_result res;
 	int rc;
-	idem_error err;    /* the detail of rc, taken on the writer thread */
-	int64_t queued_us; /* monotonic time it was queued */
+	idem_error err;      /* the detail of rc, taken on the writer thread */
+	int64_t queued_us;   /* monotonic time it was queued */
 	int64_t deadline_us; /* its request's deadline (monotonic), 0: none */
 } unit;
 
@@ -130,7 +130,8 @@ static void by_deadline(unit **units, int n)
 		int j = i;
 
 		for (; j > 0; j--) {
-			int64_t e = units[j - 1]->deadline_us ? units[j - 1]->deadline_us : INT64_MAX;
+			int64_t e =
+			    units[j - 1]->deadline_us ? units[j - 1]->deadline_us : INT64_MAX;
 
 			if (e <= d)
 				break;

@@ -24,10 +24,10 @@
 
 #include "core/cache.h"
 #include "core/claim_internal.h"
+#include "core/engine.h"
 #include "idem/claim.h"
 #include "idem/metrics.h"
 #include "idem/util.h"
-#include "core/engine.h"
 #include "util/error.h"
 #include "util/rand.h"
 #include "util/waiter.h"
@@ -660,9 +660,8 @@ done:
 
 /* ---- settling a record its owner left behind -------------------------- */
 
-int idem_record_settle(idem_txn *txn, const char *scope, const char *business_type,
-                       const char *key, size_t key_len, int http_status, const void *body,
-                       size_t len, int *settled)
+int idem_record_settle(idem_txn *txn, const char *scope, const char *business_type, const char *key,
+                       size_t key_len, int http_status, const void *body, size_t len, int *settled)
 {
 	idem__key k;
 	idem__record ex = {0};

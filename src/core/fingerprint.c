@@ -26,7 +26,7 @@ static int hash_part(EVP_MD_CTX *md, const void *p, size_t len)
 }
 
 int idem_fingerprint_canonical(char out[65], const char *method, const char *path,
-			       const char *canon, size_t len)
+                               const char *canon, size_t len)
 {
 	const EVP_MD *sha = idem__sha256_md();
 	EVP_MD_CTX *md = NULL;
@@ -50,7 +50,7 @@ int idem_fingerprint_canonical(char out[65], const char *method, const char *pat
 }
 
 int idem_fingerprint(char out[65], const char *method, const char *path, const char *body,
-		     size_t len)
+                     size_t len)
 {
 	json_t *doc = NULL;
 	char *canon = NULL;
@@ -64,11 +64,11 @@ int idem_fingerprint(char out[65], const char *method, const char *path, const c
 		doc = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &jerr);
 		if (!doc) {
 			rc = idem__error(IDEM_EINVAL, "malformed JSON at line %d column %d: %s",
-					 jerr.line, jerr.column, jerr.text);
+			                 jerr.line, jerr.column, jerr.text);
 			goto done;
 		}
 		canon = json_dumps(doc, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENSURE_ASCII |
-						JSON_ENCODE_ANY);
+		                            JSON_ENCODE_ANY);
 		if (!canon) {
 			rc = idem__error(IDEM_ENOMEM, "fingerprint: cannot serialise body");
 			goto done;

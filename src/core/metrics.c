@@ -11,8 +11,8 @@
 #include <string.h>
 
 #include "core/cache.h"
-#include "idem/metrics.h"
 #include "core/engine.h"
+#include "idem/metrics.h"
 
 void idem__metrics_init(idem__metrics *m)
 {

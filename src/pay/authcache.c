@@ -14,8 +14,8 @@
 
 #include "pay/internal.h"
 
-#define SLOTS 1024
-#define STRIPES 16
+#define SLOTS       1024
+#define STRIPES     16
 #define AUTH_TTL_MS 10000
 
 typedef struct {
@@ -65,7 +65,7 @@ static unsigned slot_of(const char *digest)
 }
 
 int pay__authcache_get(pay__authcache *c, const char digest[65], int64_t now,
-		       char merchant[IDEM_PAY_ID_SIZE])
+                       char merchant[IDEM_PAY_ID_SIZE])
 {
 	unsigned i = slot_of(digest);
 	pthread_mutex_t *lock = &c->locks[i % STRIPES];
@@ -80,8 +80,7 @@ int pay__authcache_get(pay__authcache *c, const char digest[65], int64_t now,
 	return hit;
 }
 
-void pay__authcache_put(pay__authcache *c, const char digest[65], int64_t now,
-			const char *merchant)
+void pay__authcache_put(pay__authcache *c, const char digest[65], int64_t now, const char *merchant)
 {
 	unsigned i = slot_of(digest);
 	pthread_mutex_t *lock = &c->locks[i % STRIPES];

@@ -23,26 +23,26 @@ struct idem_pay {
 	idem_pay_opts opts;
 	pay__authcache *auth; /* NULL: every request reads the key from the store */
 	pthread_mutex_t channels_lock;
-	pthread_cond_t idle;  /* signalled when two_phase drops to 0 */
-	int two_phase;        /* two-phase requests running on threads of their own */
-	int nchannels;        /* channels known to exist (they are never removed) */
+	pthread_cond_t idle; /* signalled when two_phase drops to 0 */
+	int two_phase;       /* two-phase requests running on threads of their own */
+	int nchannels;       /* channels known to exist (they are never removed) */
 	char channels[64][IDEM_PAY_CHANNEL_MAX + 1];
-	int has_secret_key;             /* channel secrets are sealed at rest */
-	unsigned char secret_key[32];   /* AES-256-GCM key (util/secretbox.h) */
-	pay__chanstate *chans;          /* connected channels: config cache, counters */
+	int has_secret_key;           /* channel secrets are sealed at rest */
+	unsigned char secret_key[32]; /* AES-256-GCM key (util/secretbox.h) */
+	pay__chanstate *chans;        /* connected channels: config cache, counters */
 	pthread_mutex_t pool_lock;
-	pay__pool *pool;                /* channel workers, started at the first call */
-	pay__sweeper *sweeper;          /* NULL unless idem_pay_sweeper_start */
-	char public_url[512];           /* opts.public_url, copied ("" when none) */
+	pay__pool *pool;       /* channel workers, started at the first call */
+	pay__sweeper *sweeper; /* NULL unless idem_pay_sweeper_start */
+	char public_url[512];  /* opts.public_url, copied ("" when none) */
 	/* Sharding by merchant (pay/shards.c, docs/scaling.md). A router has
 	 * nshards > 0 and one plain handle per shard; store is shard 0's. A
 	 * shard knows its router and number; a plain handle is shard 0 alone. */
 	int nshards;
 	idem_pay **shards;
-	pay__dir *dir;        /* the router's cache of merchant -> shard */
-	idem_pay *router;     /* a shard's router; NULL for a router or plain handle */
-	int shard;            /* this handle's shard number (ids and key ids carry it) */
-	pay__saga *saga;      /* the router's transfer driver (NULL: none runs) */
+	pay__dir *dir;    /* the router's cache of merchant -> shard */
+	idem_pay *router; /* a shard's router; NULL for a router or plain handle */
+	int shard;        /* this handle's shard number (ids and key ids carry it) */
+	pay__saga *saga;  /* the router's transfer driver (NULL: none runs) */
 };
 
 /* ---- connected channels (pay/channel.h has the rest) ---- */
@@ -58,7 +58,7 @@ pay__pool *pay__pool_get(idem_pay *pay);
 typedef struct pay__ticker pay__ticker;
 typedef void (*pay__tick_fn)(void *arg);
 int pay__ticker_start(pay__ticker **out, int64_t interval_ms, int run_first, pay__tick_fn fn,
-		      void *arg);
+                      void *arg);
 void pay__ticker_kick(pay__ticker *t);
 void pay__ticker_stop(pay__ticker *t);
 
@@ -76,9 +76,9 @@ pay__authcache *pay__authcache_new(void);
 void pay__authcache_free(pay__authcache *c);
 /* 1 and merchant set when digest was verified less than the TTL ago. */
 int pay__authcache_get(pay__authcache *c, const char digest[65], int64_t now,
-		       char merchant[IDEM_PAY_ID_SIZE]);
+                       char merchant[IDEM_PAY_ID_SIZE]);
 void pay__authcache_put(pay__authcache *c, const char digest[65], int64_t now,
-			const char *merchant);
+                        const char *merchant);
 /* Drop every entry of merchant (its key was rotated here). */
 void pay__authcache_forget(pay__authcache *c, const char *merchant);
 /*
@@ -109,12 +109,12 @@ typedef enum { F_STRING, F_INT, F_OBJECT } pay__ftype;
 /* What a present field's value must be; each has one message. */
 typedef enum {
 	V_ANY,
-	V_NATURAL_KEY, /* 1..64 of A-Z a-z 0-9 _ - . (idem_natural_key_validate) */
-	V_ID,          /* an id of ours: the same syntax, "is malformed" */
-	V_AMOUNT,      /* 1..10^15 minor units */
-	V_CURRENCY,    /* three upper-case letters */
-	V_CHANNEL,     /* a channel name: 1..32 of a-z 0-9 _ - */
-	V_TEXT255,     /* at most 255 bytes */
+	V_NATURAL_KEY,   /* 1..64 of A-Z a-z 0-9 _ - . (idem_natural_key_validate) */
+	V_ID,            /* an id of ours: the same syntax, "is malformed" */
+	V_AMOUNT,        /* 1..10^15 minor units */
+	V_CURRENCY,      /* three upper-case letters */
+	V_CHANNEL,       /* a channel name: 1..32 of a-z 0-9 _ - */
+	V_TEXT255,       /* at most 255 bytes */
 	V_NOTIFY_STATUS, /* SUCCESS, FAILED or CLOSED */
 } pay__rule;
 
@@ -180,8 +180,7 @@ int pay__new_key_id(const idem_pay *pay, char out[17]);
  */
 int pay__route(idem_pay *pay, const char *merchant, idem_pay **out);
 /* pay__route for an async write: NULL after answering done with the error. */
-idem_pay *pay__route_async(idem_pay *pay, const char *merchant, idem_done_fn done,
-                           void *done_ctx);
+idem_pay *pay__route_async(idem_pay *pay, const char *merchant, idem_done_fn done, void *done_ctx);
 /* A notification's shard: the one its body's payment_id names (shard 0 when
  * the body names none, which then answers it as malformed or unknown). */
 idem_pay *pay__route_notify(idem_pay *pay, const idem_pay_request *rq);
@@ -244,9 +243,9 @@ typedef struct {
 	idem_result res; /* an answer given before any claim */
 	idem_done_fn done;
 	void *done_ctx;
-	idem_work_fn work;                  /* two phases: run on a thread of its own */
+	idem_work_fn work; /* two phases: run on a thread of its own */
 	void (*before_work)(idem_pay *pay);
-	int to_shard;                       /* a transfer between shards: the payee's */
+	int to_shard; /* a transfer between shards: the payee's */
 } pay__op;
 
 /* A new op for rq, or NULL after calling done with IDEM_ENOMEM. */
@@ -283,8 +282,7 @@ void pay__start(pay__op *op, const char *type, const char *natural, int64_t ttl_
  * in the request's unit on the payer's shard, debit the payer and write the
  * outbox row; answers 202 "pending". The driver does the rest.
  */
-int pay__saga_debit(idem_txn *txn, pay__op *c, const char *to, int to_shard,
-                    idem_response *resp);
+int pay__saga_debit(idem_txn *txn, pay__op *c, const char *to, int to_shard, idem_response *resp);
 
 /* A transfer as its answer shows it: a row of transfers (transfers.c) or of
  * transfer_outbox (saga.c). */

@@ -19,9 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "idem/admin.h"
 #include "pay/channel.h"
 #include "pay/internal.h"
-#include "idem/admin.h"
 #include "util/digest.h"
 #include "util/error.h"
 #include "util/rand.h"
@@ -91,7 +91,7 @@ void idem_pay_close(idem_pay *pay)
 	pthread_mutex_unlock(&pay->channels_lock);
 	pay__sweeper_stop(pay);
 	pay__pool_stop(pay->pool); /* runs what is queued: each call answers */
-	if (!pay->router) /* a shard shares its router's */
+	if (!pay->router)          /* a shard shares its router's */
 		pay__chanstate_free(pay->chans);
 	pthread_mutex_destroy(&pay->pool_lock);
 	pay__authcache_free(pay->auth);
@@ -156,8 +156,11 @@ static int insert_dir_row(idem_txn *txn, void *ctx)
 static size_t utf8_seq(const unsigned char *s, size_t n, uint32_t *cp)
 {
 	static const uint32_t min[5] = {0, 0, 0x80, 0x800, 0x10000};
-	size_t len = s[0] < 0x80 ? 1 : s[0] >= 0xc2 && s[0] <= 0xdf ? 2
-	           : s[0] >= 0xe0 && s[0] <= 0xef ? 3 : s[0] >= 0xf0 && s[0] <= 0xf4 ? 4 : 0;
+	size_t len = s[0] < 0x80                    ? 1
+	             : s[0] >= 0xc2 && s[0] <= 0xdf ? 2
+	             : s[0] >= 0xe0 && s[0] <= 0xef ? 3
+	             : s[0] >= 0xf0 && s[0] <= 0xf4 ? 4
+	                                            : 0;
 	uint32_t v;
 
 	if (len == 0 || len > n)
@@ -200,8 +203,9 @@ int idem_pay_merchant_add(idem_pay *pay, const char *name, char id_out[IDEM_PAY_
 
 	id_out[0] = key_out[0] = '\0';
 	if (!valid_name(name))
-		return idem__error(IDEM_EINVAL, "merchant name must be 1..100 bytes of UTF-8 without"
-		                                " control characters");
+		return idem__error(IDEM_EINVAL,
+		                   "merchant name must be 1..100 bytes of UTF-8 without"
+		                   " control characters");
 	m.name = name;
 	m.now = pay__now(pay);
 	if ((rc = pay__new_id(m.id, "m_", 0)) < 0)
@@ -388,8 +392,9 @@ static int secret_open(const unsigned char *key, const char *channel, const char
 		return 0;
 	}
 	if (!key)
-		return idem__error(IDEM_EINVAL, "channel secrets are encrypted at rest: the secret key"
-		                                " is required (--secret-key-file)");
+		return idem__error(IDEM_EINVAL,
+		                   "channel secrets are encrypted at rest: the secret key"
+		                   " is required (--secret-key-file)");
 	return idem__secretbox_open(key, channel, stored, out, IDEM_PAY_SECRET_SIZE, &n);
 }
 
@@ -496,8 +501,8 @@ static int rekey_txn(idem_txn *txn, void *ctx)
 		{
 			idem_value p[2] = {IDEM_V_TEXT(sealed), IDEM_V_TEXT(r->name)};
 
-			rc = idem_txn_exec(txn, "UPDATE channels SET secret = ? WHERE name = ?", p, 2,
-			                   NULL);
+			rc = idem_txn_exec(txn, "UPDATE channels SET secret = ? WHERE name = ?", p,
+			                   2, NULL);
 		}
 		if (rc == 0)
 			k->changed++;
@@ -529,7 +534,8 @@ int idem_admin_channel_rekey(idem_pay *pay, const unsigned char *new_key, int64_
 		return 0;
 	}
 	if (!pay->has_secret_key)
-		return idem__error(IDEM_EINVAL, "rekey needs the current secret key (--secret-key-file)");
+		return idem__error(IDEM_EINVAL,
+		                   "rekey needs the current secret key (--secret-key-file)");
 	k.from = pay->secret_key;
 	k.to = new_key ? new_key : pay->secret_key;
 	rc = idem_store_transact(pay->store, rekey_txn, &k);
@@ -586,8 +592,9 @@ int idem_pay_verify_signature(idem_pay *pay, const char *channel, const char *si
 		                 secret);
 	OPENSSL_cleanse(stored, sizeof(stored));
 	if (rc < 0)
-		return rc == IDEM_EINVAL ? idem__error(IDEM_ESTORE, "%s", idem_error_last()->message)
-		                         : rc;
+		return rc == IDEM_EINVAL
+		           ? idem__error(IDEM_ESTORE, "%s", idem_error_last()->message)
+		           : rc;
 	if (!secret[0])
 		return IDEM_ENOTFOUND;
 	if (!HMAC(EVP_sha256(), secret, (int)strlen(secret), body, len, want, &n) || n != 32)
@@ -633,8 +640,8 @@ pay__pool *pay__pool_get(idem_pay *pay)
 	if (pay->router) /* one pool of channel workers for all shards */
 		return pay__pool_get(pay->router);
 	pthread_mutex_lock(&pay->pool_lock);
-	if (!pay->pool && pay__pool_start(&pay->pool, pay->opts.channel_workers,
-	                                  pay->opts.channel_queue) < 0)
+	if (!pay->pool &&
+	    pay__pool_start(&pay->pool, pay->opts.channel_workers, pay->opts.channel_queue) < 0)
 		pay->pool = NULL;
 	p = pay->pool;
 	pthread_mutex_unlock(&pay->pool_lock);
@@ -678,8 +685,9 @@ int pay__chan_load(idem_pay *pay, const char *name, pay__chan *out, int *found)
 	OPENSSL_cleanse(r.stored, sizeof(r.stored));
 	if (rc < 0) {
 		OPENSSL_cleanse(out, sizeof(*out));
-		return rc == IDEM_EINVAL ? idem__error(IDEM_ESTORE, "%s", idem_error_last()->message)
-		                         : rc;
+		return rc == IDEM_EINVAL
+		           ? idem__error(IDEM_ESTORE, "%s", idem_error_last()->message)
+		           : rc;
 	}
 	*found = r.found;
 	return 0;
@@ -731,8 +739,9 @@ int idem_pay_channel_connect(idem_pay *pay, const char *name, const char *base_u
 		size_t n;
 
 		if (!valid_base_url(base_url))
-			return idem__error(IDEM_EINVAL, "base URL must be http:// or https://, printable,"
-			                                " without a query, under 480 bytes");
+			return idem__error(IDEM_EINVAL,
+			                   "base URL must be http:// or https://, printable,"
+			                   " without a query, under 480 bytes");
 		n = strlen(base_url);
 		memcpy(url, base_url, n + 1);
 		while (n > 8 && url[n - 1] == '/')

@@ -275,7 +275,8 @@ void pay__start(pay__op *op, const char *type, const char *natural, int64_t ttl_
 		op_job *j = pool ? calloc(1, sizeof(*j)) : NULL;
 
 		if (!j) {
-			pay__finish(op, idem__error(IDEM_ENOMEM, "cannot start a two-phase request"));
+			pay__finish(op,
+			            idem__error(IDEM_ENOMEM, "cannot start a two-phase request"));
 			return;
 		}
 		j->job.run = op_job_run;

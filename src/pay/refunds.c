@@ -345,8 +345,8 @@ int pay__refund_apply_status(idem_pay *pay, idem_txn *txn, const char *merchant,
 		                 : strcmp(status, "PROCESSING") == 0 ? "processing"
 		                 : strcmp(status, "FAILED") == 0     ? "failed"
 		                                                     : NULL;
-		idem_value v[4] = {IDEM_V_NULL, channel_refund_id ? IDEM_V_TEXT(channel_refund_id)
-		                                                  : IDEM_V_NULL,
+		idem_value v[4] = {IDEM_V_NULL,
+		                   channel_refund_id ? IDEM_V_TEXT(channel_refund_id) : IDEM_V_NULL,
 		                   IDEM_V_INT(now), IDEM_V_TEXT(id)};
 
 		if (!to)
@@ -417,8 +417,8 @@ static int refund_ok_work(idem_txn *txn, void *ctx, idem_response *resp)
 	const char *cid = json_string_value(json_object_get(j->reply.doc, "channel_refund_id"));
 	int changed = 0, rc;
 
-	if ((rc = pay__refund_apply_status(j->op->pay, txn, j->op->rq->caller, j->id, st,
-	                                   cid, &changed)) < 0)
+	if ((rc = pay__refund_apply_status(j->op->pay, txn, j->op->rq->caller, j->id, st, cid,
+	                                   &changed)) < 0)
 		return rc;
 	return refund_answer(txn, j, resp);
 }
@@ -428,8 +428,8 @@ static int refund_declined_work(idem_txn *txn, void *ctx, idem_response *resp)
 	pay__chjob *j = ctx;
 	int changed = 0, rc;
 
-	if ((rc = pay__refund_apply_status(j->op->pay, txn, j->op->rq->caller, j->id,
-	                                   "FAILED", NULL, &changed)) < 0 ||
+	if ((rc = pay__refund_apply_status(j->op->pay, txn, j->op->rq->caller, j->id, "FAILED",
+	                                   NULL, &changed)) < 0 ||
 	    (rc = pay__refund_set_code(txn, j->id, j->reply.code)) < 0)
 		return rc;
 	return pay__declined_problem(resp, j->reply.code);
@@ -462,7 +462,7 @@ static char *refund_call_body(const pay__chjob *j)
 }
 
 static const pay__flow refund_flow = {
-    "refund call",  PAY__CALL_REFUND,      "/refunds",       refund_prep,
+    "refund call",  PAY__CALL_REFUND,     "/refunds",       refund_prep,
     refund_ok_work, refund_declined_work, refund_call_body, refund_answer_valid,
 };
 

@@ -44,8 +44,8 @@ struct pay__saga {
 
 typedef pay__transfer_row outbox_row;
 
-#define OUTBOX_COLS                                                                             \
-	"SELECT id, transfer_no, from_merchant, to_merchant, to_shard, amount, currency, status," \
+#define OUTBOX_COLS                                                                                \
+	"SELECT id, transfer_no, from_merchant, to_merchant, to_shard, amount, currency, status,"  \
 	" fingerprint, created_at FROM transfer_outbox "
 
 static int read_outbox(void *ctx, const idem_value *c, int n)
@@ -95,9 +95,9 @@ int pay__saga_debit(idem_txn *txn, pay__op *c, const char *to, int to_shard, ide
 	if ((rc = pay__new_id(o.id, "tr_", pay->shard)) < 0)
 		return rc;
 	{
-		idem_value v[10] = {IDEM_V_TEXT(o.id),     IDEM_V_TEXT(no),       IDEM_V_TEXT(from),
-		                    IDEM_V_TEXT(to),       IDEM_V_INT(to_shard),  IDEM_V_INT(amount),
-		                    IDEM_V_TEXT(currency), IDEM_V_TEXT(c->fp),    IDEM_V_INT(now),
+		idem_value v[10] = {IDEM_V_TEXT(o.id),     IDEM_V_TEXT(no),      IDEM_V_TEXT(from),
+		                    IDEM_V_TEXT(to),       IDEM_V_INT(to_shard), IDEM_V_INT(amount),
+		                    IDEM_V_TEXT(currency), IDEM_V_TEXT(c->fp),   IDEM_V_INT(now),
 		                    IDEM_V_INT(now)};
 
 		rc = idem_txn_exec(txn,
@@ -147,8 +147,8 @@ static int credit_work(idem_txn *txn, void *vctx, idem_response *resp)
 			return rc;
 		if (!fits)
 			return pay__overflow_problem(resp);
-		if ((rc = pay__post(txn, o->to, o->currency, o->amount, "transfer_in", o->id, now)) <
-		    0)
+		if ((rc = pay__post(txn, o->to, o->currency, o->amount, "transfer_in", o->id,
+		                    now)) < 0)
 			return rc;
 	}
 	{
@@ -201,7 +201,8 @@ static int settle_step(idem_txn *txn, void *vctx)
 	                        v, 3, &s->changed)) < 0)
 		return rc;
 	if (s->reverse && s->changed == 1)
-		rc = pay__post(txn, o->from, o->currency, o->amount, "transfer_reverse", o->id, now);
+		rc =
+		    pay__post(txn, o->from, o->currency, o->amount, "transfer_reverse", o->id, now);
 	return rc;
 }
 
@@ -231,8 +232,7 @@ static void step_pause(int64_t ms)
 }
 
 /* Drive one pending row through steps 2 and 3. 1 when it settled. */
-static int drive_one(idem_pay *router, idem_pay *payer, const outbox_row *o,
-                     int64_t step_delay_ms)
+static int drive_one(idem_pay *router, idem_pay *payer, const outbox_row *o, int64_t step_delay_ms)
 {
 	char fp[IDEM_FINGERPRINT_LEN + 1];
 	idem_request req = IDEM_REQUEST_INIT;
@@ -284,7 +284,8 @@ int idem_pay_transfers_drive(idem_pay *pay, int *settled)
 		pending_list l = {rows, 0};
 
 		rc = idem_store_query(pay->shards[i]->store,
-		                      OUTBOX_COLS "WHERE status = 'pending' ORDER BY updated_at LIMIT 100",
+		                      OUTBOX_COLS
+		                      "WHERE status = 'pending' ORDER BY updated_at LIMIT 100",
 		                      NULL, 0, collect_pending, &l);
 		for (int k = 0; rc == 0 && k < l.n; k++) {
 			int n = drive_one(pay, pay->shards[i], &rows[k], delay);
@@ -310,7 +311,8 @@ int idem_pay_transfer_driver_start(idem_pay *pay, int64_t interval_ms, int64_t s
 	int rc;
 
 	if (!pay || interval_ms < 10 || step_delay_ms < 0 || step_delay_ms > 600000)
-		return idem__error(IDEM_EINVAL, "transfer driver: interval >= 10 ms, delay 0..600000");
+		return idem__error(IDEM_EINVAL,
+		                   "transfer driver: interval >= 10 ms, delay 0..600000");
 	if (!pay->nshards)
 		return 0; /* nothing to drive on one store */
 	if (pay->saga)

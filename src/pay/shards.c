@@ -153,8 +153,7 @@ int pay__route(idem_pay *pay, const char *merchant, idem_pay **out)
 	return 0;
 }
 
-idem_pay *pay__route_async(idem_pay *pay, const char *merchant, idem_done_fn done,
-                           void *done_ctx)
+idem_pay *pay__route_async(idem_pay *pay, const char *merchant, idem_done_fn done, void *done_ctx)
 {
 	idem_pay *home = pay;
 	int rc;
@@ -332,21 +331,24 @@ static int copy_step(idem_txn *txn, void *ctx)
 			break;
 		if (!h.found) {
 			idem_value v[5] = {IDEM_V_TEXT(c->name), IDEM_V_TEXT(c->secret),
-			                   IDEM_V_INT(c->created_at), url, IDEM_V_INT(c->timeout_ms)};
+			                   IDEM_V_INT(c->created_at), url,
+			                   IDEM_V_INT(c->timeout_ms)};
 
-			rc = idem_txn_exec(txn,
-			                   "INSERT INTO channels (name, secret, created_at, base_url,"
-			                   " timeout_ms) VALUES (?, ?, ?, ?, ?)",
-			                   v, 5, NULL);
+			rc = idem_txn_exec(
+			    txn,
+			    "INSERT INTO channels (name, secret, created_at, base_url,"
+			    " timeout_ms) VALUES (?, ?, ?, ?, ?)",
+			    v, 5, NULL);
 		} else if (stored_differs(h.secret, c->secret) || h.has_url != c->has_url ||
 		           strcmp(h.url, c->url) != 0 || h.timeout_ms != c->timeout_ms) {
 			idem_value v[4] = {IDEM_V_TEXT(c->secret), url, IDEM_V_INT(c->timeout_ms),
 			                   IDEM_V_TEXT(c->name)};
 
-			rc = idem_txn_exec(txn,
-			                   "UPDATE channels SET secret = ?, base_url = ?, timeout_ms = ?"
-			                   " WHERE name = ?",
-			                   v, 4, NULL);
+			rc = idem_txn_exec(
+			    txn,
+			    "UPDATE channels SET secret = ?, base_url = ?, timeout_ms = ?"
+			    " WHERE name = ?",
+			    v, 4, NULL);
 		}
 		OPENSSL_cleanse(&h, sizeof(h));
 	}
@@ -394,7 +396,8 @@ int idem_pay_open_shards(idem_pay **out, idem_store *const *stores, int n,
 		return idem__error(IDEM_EINVAL, "idem_pay_open_shards: 1..1000 stores");
 	for (int i = 0; i < n; i++)
 		if (!stores[i])
-			return idem__error(IDEM_EINVAL, "idem_pay_open_shards: store %d is NULL", i);
+			return idem__error(IDEM_EINVAL, "idem_pay_open_shards: store %d is NULL",
+			                   i);
 	if (n == 1)
 		return idem_pay_open(out, stores[0], opts);
 	if ((rc = idem_pay_open(&r, stores[0], opts)) < 0)

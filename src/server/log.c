@@ -299,7 +299,8 @@ void log_request(const char *request_id, const char *raw_method, const char *rou
 	char ts[40], text[1400], method[64], path[256];
 	json_t *obj = NULL;
 	size_t o = 0;
-	unsigned long long us = duration_ms > 0 ? (unsigned long long)(duration_ms * 1000.0 + 0.5) : 0;
+	unsigned long long us =
+	    duration_ms > 0 ? (unsigned long long)(duration_ms * 1000.0 + 0.5) : 0;
 
 	escape(method, sizeof(method), raw_method);
 	escape(path, sizeof(path), route);

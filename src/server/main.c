@@ -67,7 +67,8 @@ static void usage(FILE *f)
 	    "  --channel-workers N       threads calling connected channels\n"
 	    "                            [IDEM_CHANNEL_WORKERS] (8)\n"
 	    "  --channel-queue N         channel calls that may wait for a worker; more\n"
-	    "                            are answered 503 channel_busy [IDEM_CHANNEL_QUEUE] (1024)\n"
+	    "                            are answered 503 channel_busy [IDEM_CHANNEL_QUEUE] "
+	    "(1024)\n"
 	    "  --sweep-interval-ms MS    how often the sweeper resolves payments left\n"
 	    "                            'creating', 0 = never [IDEM_SWEEP_INTERVAL_MS] (10000)\n"
 	    "  --sweep-age-ms MS         how old such a payment must be first\n"
@@ -75,7 +76,8 @@ static void usage(FILE *f)
 	    "  --transfer-drive-ms MS    sharded: how often transfers between shards are\n"
 	    "                            driven on (0 = never) [IDEM_TRANSFER_DRIVE_MS] (200)\n"
 	    "  --transfer-step-delay-ms MS  tests: pause between a transfer's credit and\n"
-	    "                            its outbox row settling [IDEM_TRANSFER_STEP_DELAY_MS] (0)\n"
+	    "                            its outbox row settling [IDEM_TRANSFER_STEP_DELAY_MS] "
+	    "(0)\n"
 	    "  --secret-key-file PATH    seal channel secrets at rest with this key (32 bytes\n"
 	    "                            or 64 hex digits, mode 600) [IDEM_SECRET_KEY_FILE]\n"
 	    "  -h, --help                this text\n"
@@ -455,14 +457,16 @@ int main(int argc, char **argv)
 	/* Transfers between shards: pending outbox rows, from any instance. */
 	if (nstores > 1 && transfer_drive_ms > 0 &&
 	    idem_pay_transfer_driver_start(st.pay, transfer_drive_ms, transfer_step_delay_ms) < 0) {
-		log_msg("error", "cannot start the transfer driver: %s", idem_error_last()->message);
+		log_msg("error", "cannot start the transfer driver: %s",
+		        idem_error_last()->message);
 		goto done;
 	}
 	/* Outcome counters go to the store every few seconds, so that
 	 * `idemctl stats` sees every instance (never a write per request). */
 	for (int i = 0; i < nstores; i++)
 		if (idem_stats_flusher_start(&stats[i], stores[i], NULL) < 0)
-			log_msg("warn", "stats flusher not started: %s", idem_error_last()->message);
+			log_msg("warn", "stats flusher not started: %s",
+			        idem_error_last()->message);
 	st.cfg = &cfg;
 	if (http_start(&http, &st, err, sizeof(err)) < 0) {
 		log_msg("error", "%s", err);
@@ -473,8 +477,7 @@ int main(int argc, char **argv)
 	        "batch %d, cache %d MiB%s%s",
 	        IDEM_VERSION, cfg.listen, http_port(http), idem_store_backend(st.store),
 	        cfg.max_connections, (long long)(cfg.ttl_ms / 1000), cfg.batch_max, cfg.cache_mb,
-	        cfg.synchronous_full ? "" : ", synchronous=NORMAL",
-	        nstores > 1 ? ", sharded" : "");
+	        cfg.synchronous_full ? "" : ", synchronous=NORMAL", nstores > 1 ? ", sharded" : "");
 	if (nstores > 1)
 		log_msg("info", "%d shards by merchant (docs/scaling.md)", nstores);
 	if (sigwait(&sigs, &sig) != 0)

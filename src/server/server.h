@@ -25,7 +25,7 @@ typedef struct {
 	int64_t ttl_ms;
 	log_format log_format;
 	int mock_channel_delay_ms;
-	char public_url[512];  /* notify_url base for connected channels */
+	char public_url[512]; /* notify_url base for connected channels */
 	int channel_workers, channel_queue;
 	int sweep_interval_ms, sweep_age_ms;
 	int max_connections;

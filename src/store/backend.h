@@ -42,14 +42,14 @@ typedef struct {
 /* A record as stored. body is owned (malloc) when read from the store. */
 typedef struct {
 	int64_t id;
-	int64_t version;          /* bumped on every change: optimistic takeover */
+	int64_t version; /* bumped on every change: optimistic takeover */
 	idem__status status;
 	char fingerprint[IDEM_FINGERPRINT_LEN + 1];
-	char owner[33];           /* lease owner token while PROCESSING, "" otherwise */
+	char owner[33]; /* lease owner token while PROCESSING, "" otherwise */
 	int http_status;
 	unsigned char *body;
 	size_t body_len;
-	int64_t lease_until;      /* ms; 0 when not PROCESSING */
+	int64_t lease_until; /* ms; 0 when not PROCESSING */
 	int64_t created_at;
 	int64_t expires_at;
 } idem__record;
@@ -80,7 +80,7 @@ struct idem__backend_ops {
 	/* target: the URL with its scheme removed. store: the engine, opaque,
 	 * to put in each transaction's header. opts.clock is never NULL. */
 	int (*open)(idem__backend **out, idem_store *store, const char *target,
-		    const idem_store_opts *opts);
+	            const idem_store_opts *opts);
 	void (*close)(idem__backend *be);
 	int (*migrate)(idem__backend *be, int *version_out);
 	int (*schema_version)(idem__backend *be, int *out);
@@ -102,14 +102,14 @@ struct idem__backend_ops {
 	/* Replace record id at version with rec (new owner, fingerprint, times).
 	 * *changed is 1 when it still was at that version, else 0. */
 	int (*rec_takeover)(idem_txn *txn, int64_t id, int64_t version, const idem__record *rec,
-			    int *changed);
+	                    int *changed);
 	/* Complete PROCESSING record id held by owner at now. *changed 0: lease lost. */
 	int (*rec_complete)(idem_txn *txn, int64_t id, const char *owner, idem__status st,
-			    int http_status, const unsigned char *body, size_t len, int64_t now,
-			    int *changed);
+	                    int http_status, const unsigned char *body, size_t len, int64_t now,
+	                    int *changed);
 	/* Set lease_until of PROCESSING record id held by owner. */
 	int (*rec_extend)(idem_txn *txn, int64_t id, const char *owner, int64_t lease_until,
-			  int *changed);
+	                  int *changed);
 	/* Delete PROCESSING record id held by owner. */
 	int (*rec_delete_owned)(idem_txn *txn, int64_t id, const char *owner, int *changed);
 
@@ -118,15 +118,15 @@ struct idem__backend_ops {
 
 	/* Generic SQL (see idem_txn_exec / idem_store_query). */
 	int (*txn_exec)(idem_txn *txn, const char *sql, const idem_value *params, int n,
-			int64_t *changes);
+	                int64_t *changes);
 	/* A statement whose failure leaves the transaction usable; NULL: txn_exec
 	 * already does (SQLite, MariaDB roll back only the failed statement). */
 	int (*txn_try_exec)(idem_txn *txn, const char *sql, const idem_value *params, int n,
-			    int64_t *changes);
+	                    int64_t *changes);
 	int (*txn_query)(idem_txn *txn, const char *sql, const idem_value *params, int n,
-			 idem_row_fn fn, void *ctx);
+	                 idem_row_fn fn, void *ctx);
 	int (*read_query)(idem__backend *be, const char *sql, const idem_value *params, int n,
-			  idem_row_fn fn, void *ctx);
+	                  idem_row_fn fn, void *ctx);
 
 	/* Since version 3. */
 	/*
@@ -138,8 +138,8 @@ struct idem__backend_ops {
 	 * its COMMIT.
 	 */
 	int (*rec_complete_held)(idem_txn *txn, int64_t id, const char *owner, idem__status st,
-				 int http_status, const unsigned char *body, size_t len,
-				 int64_t now);
+	                         int http_status, const unsigned char *body, size_t len,
+	                         int64_t now);
 };
 
 /*
@@ -173,19 +173,19 @@ const idem__backend_ops *idem__backend_find(const char *url, const char **target
  */
 int idem__rec_get(idem_txn *txn, const idem__key *k, idem__record *out);
 int idem__rec_read(const idem__backend_ops *ops, idem__backend *be, const idem__key *k,
-		   idem__record *out);
+                   idem__record *out);
 
 /*
  * The record writes every backend shares (records.c): plain conditional SQL
  * on top of the backend's txn_exec. Backends point their ops at these.
  */
 int idem__rec_takeover(idem_txn *txn, int64_t id, int64_t version, const idem__record *rec,
-		       int *changed);
+                       int *changed);
 int idem__rec_complete(idem_txn *txn, int64_t id, const char *owner, idem__status st,
-		       int http_status, const unsigned char *body, size_t len, int64_t now,
-		       int *changed);
+                       int http_status, const unsigned char *body, size_t len, int64_t now,
+                       int *changed);
 int idem__rec_extend(idem_txn *txn, int64_t id, const char *owner, int64_t lease_until,
-		     int *changed);
+                     int *changed);
 int idem__rec_delete_owned(idem_txn *txn, int64_t id, const char *owner, int *changed);
 
 #endif

@@ -90,7 +90,8 @@ void idem__pool_destroy(idem__pool *p)
 
 int idem__pool_take(idem__pool *p, int64_t deadline_us)
 {
-	struct timespec until = {(time_t)(deadline_us / 1000000), (long)(deadline_us % 1000000) * 1000};
+	struct timespec until = {(time_t)(deadline_us / 1000000),
+	                         (long)(deadline_us % 1000000) * 1000};
 	int slot;
 
 	pthread_mutex_lock(&p->mu);
@@ -98,10 +99,10 @@ int idem__pool_take(idem__pool *p, int64_t deadline_us)
 		if (deadline_us <= 0) {
 			pthread_cond_wait(&p->cv, &p->mu);
 		} else if (pthread_cond_timedwait(&p->cv, &p->mu, &until) == ETIMEDOUT &&
-			   p->nfree == 0) {
+		           p->nfree == 0) {
 			pthread_mutex_unlock(&p->mu);
 			return idem__error(IDEM_EUNAVAIL,
-					   "no database connection free before the deadline");
+			                   "no database connection free before the deadline");
 		}
 	}
 	slot = p->free_slots[--p->nfree];
@@ -147,13 +148,15 @@ static void conn_drop(idem__backend *be, idem__netconn *c)
 	c->open = c->broken = c->timed_out = 0;
 }
 
-int idem__net_take(idem__backend *be, idem__net_pool kind, int64_t deadline_us,
-		   idem__netconn **out, int *fresh)
+int idem__net_take(idem__backend *be, idem__net_pool kind, int64_t deadline_us, idem__netconn **out,
+                   int *fresh)
 {
-	idem__pool *p = kind == IDEM__NET_WRITER ? &be->wpool
-			: kind == IDEM__NET_READER ? &be->rpool : &be->ppool;
-	unsigned char *arr = kind == IDEM__NET_WRITER ? be->writers
-			     : kind == IDEM__NET_READER ? be->readers : be->pinger;
+	idem__pool *p = kind == IDEM__NET_WRITER   ? &be->wpool
+	                : kind == IDEM__NET_READER ? &be->rpool
+	                                           : &be->ppool;
+	unsigned char *arr = kind == IDEM__NET_WRITER   ? be->writers
+	                     : kind == IDEM__NET_READER ? be->readers
+	                                                : be->pinger;
 	int i = idem__pool_take(p, deadline_us), rc;
 	idem__netconn *c;
 
@@ -201,7 +204,7 @@ idem__netconn *idem__net_conn_of(idem_txn *txn)
 static int reader_take(idem__backend *be, int64_t deadline_us, idem__netconn **out, int *fresh)
 {
 	return idem__net_take(be, be->nreaders == 0 ? IDEM__NET_WRITER : IDEM__NET_READER,
-			      deadline_us, out, fresh);
+	                      deadline_us, out, fresh);
 }
 
 /*
@@ -210,7 +213,7 @@ static int reader_take(idem__backend *be, int64_t deadline_us, idem__netconn **o
  * so running it again on a new connection is safe.
  */
 int idem__net_read_query(idem__backend *be, const char *sql, const idem_value *params, int n,
-			 idem_row_fn fn, void *ctx)
+                         idem_row_fn fn, void *ctx)
 {
 	int64_t deadline = idem__net_deadline(be->opts.request_timeout_ms);
 	int rc = 0;
@@ -237,7 +240,7 @@ int idem__net_version_in(idem__backend *be, idem__netconn *c, int *out)
 	if (rc < 0)
 		return rc;
 	if (v && (rc = be->drv->run(c, "SELECT coalesce(max(version), 0) FROM idem_schema_version",
-				    NULL, 0, idem_row_int, &v, NULL)) < 0)
+	                            NULL, 0, idem_row_int, &v, NULL)) < 0)
 		return rc;
 	*out = (int)v;
 	return 0;
@@ -248,8 +251,7 @@ int idem__net_schema_version(idem__backend *be, int *out)
 	idem__netconn *c = NULL;
 	int fresh = 0, rc;
 
-	if ((rc = reader_take(be, idem__net_deadline(be->opts.request_timeout_ms), &c, &fresh)) <
-	    0)
+	if ((rc = reader_take(be, idem__net_deadline(be->opts.request_timeout_ms), &c, &fresh)) < 0)
 		return rc;
 	rc = idem__net_version_in(be, c, out);
 	idem__net_give(be, c);
@@ -294,7 +296,7 @@ int idem__net_txn_begin(idem__backend *be, idem_txn **out)
 		if ((rc = idem__net_take(be, IDEM__NET_WRITER, deadline, &c, &fresh)) < 0)
 			return rc;
 		rc = be->drv->begin ? be->drv->begin(c, fresh)
-				    : be->drv->simple(c, be->drv->begin_sql, "begin");
+		                    : be->drv->simple(c, be->drv->begin_sql, "begin");
 		if (rc == 0) {
 			*out = &c->txn.base;
 			return 0;
@@ -323,7 +325,7 @@ int idem__net_txn_commit(idem_txn *txn)
 
 	if (!c->open || c->broken)
 		rc = idem__error(IDEM_EUNAVAIL, "%s: connection lost before commit",
-				 c->txn.be->drv->ops->name);
+		                 c->txn.be->drv->ops->name);
 	else
 		rc = c->txn.be->drv->commit(c);
 	if (rc < 0) {
@@ -382,7 +384,7 @@ int idem__net_purge_batch(idem__backend *be, int64_t now, int batch, int64_t *de
 	if ((rc = idem__net_txn_begin(be, &txn)) < 0)
 		return rc;
 	if ((rc = be->drv->run(idem__net_conn_of(txn), be->drv->purge_sql, p, 3, NULL, NULL,
-			       deleted)) < 0) {
+	                       deleted)) < 0) {
 		idem__net_txn_rollback(txn);
 		return rc;
 	}
@@ -390,7 +392,7 @@ int idem__net_purge_batch(idem__backend *be, int64_t now, int batch, int64_t *de
 }
 
 int idem__net_txn_exec(idem_txn *txn, const char *sql, const idem_value *params, int n,
-		       int64_t *changes)
+                       int64_t *changes)
 {
 	idem__netconn *c = idem__net_conn_of(txn);
 
@@ -398,7 +400,7 @@ int idem__net_txn_exec(idem_txn *txn, const char *sql, const idem_value *params,
 }
 
 int idem__net_txn_query(idem_txn *txn, const char *sql, const idem_value *params, int n,
-			idem_row_fn fn, void *ctx)
+                        idem_row_fn fn, void *ctx)
 {
 	idem__netconn *c = idem__net_conn_of(txn);
 
@@ -427,7 +429,7 @@ void idem__net_close(idem__backend *be)
 }
 
 int idem__net_open(idem__backend **out, idem_store *store, const idem_store_opts *opts,
-		   const idem__netdb_driver *drv, void *state)
+                   const idem__netdb_driver *drv, void *state)
 {
 	idem__backend *be = NULL;
 	idem__netconn *c = NULL;

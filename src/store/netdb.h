@@ -73,7 +73,7 @@ struct idem__backend {
 	const idem__netdb_driver *drv;
 	idem_store *store;
 	idem_store_opts opts;
-	void *state; /* the driver's (its parsed URL) */
+	void *state;                               /* the driver's (its parsed URL) */
 	unsigned char *writers, *readers, *pinger; /* connections of drv->conn_size */
 	int nreaders;
 	idem__pool wpool, rpool, ppool;
@@ -99,7 +99,7 @@ struct idem__netdb_driver {
 	int (*simple)(idem__netconn *c, const char *sql, const char *what);
 	/* A statement with parameters, rows to fn; business classification. */
 	int (*run)(idem__netconn *c, const char *sql, const idem_value *params, int n,
-		   idem_row_fn fn, void *ctx, int64_t *changes);
+	           idem_row_fn fn, void *ctx, int64_t *changes);
 	/* COMMIT; 0 only when it committed. */
 	int (*commit)(idem__netconn *c);
 	/* ROLLBACK without touching the thread's error; nonzero when it failed. */
@@ -131,11 +131,11 @@ typedef enum { IDEM__NET_WRITER, IDEM__NET_READER, IDEM__NET_PING } idem__net_po
 
 /* Open: state (owned from here, also on failure) is the driver's parsed URL. */
 int idem__net_open(idem__backend **out, idem_store *store, const idem_store_opts *opts,
-		   const idem__netdb_driver *drv, void *state);
+                   const idem__netdb_driver *drv, void *state);
 void idem__net_close(idem__backend *be);
 /* A connection from a pool, opened if needed; *fresh: opened now. */
-int idem__net_take(idem__backend *be, idem__net_pool kind, int64_t deadline_us,
-		   idem__netconn **out, int *fresh);
+int idem__net_take(idem__backend *be, idem__net_pool kind, int64_t deadline_us, idem__netconn **out,
+                   int *fresh);
 void idem__net_give(idem__backend *be, idem__netconn *c);
 idem__netconn *idem__net_conn_of(idem_txn *txn);
 /* The schema version read on c (0: no version table yet). */
@@ -152,11 +152,11 @@ int idem__net_release(idem_txn *txn, const char *name);
 int idem__net_rollback_to(idem_txn *txn, const char *name);
 int idem__net_purge_batch(idem__backend *be, int64_t now, int batch, int64_t *deleted);
 int idem__net_txn_exec(idem_txn *txn, const char *sql, const idem_value *params, int n,
-		       int64_t *changes);
+                       int64_t *changes);
 int idem__net_txn_query(idem_txn *txn, const char *sql, const idem_value *params, int n,
-			idem_row_fn fn, void *ctx);
+                        idem_row_fn fn, void *ctx);
 int idem__net_read_query(idem__backend *be, const char *sql, const idem_value *params, int n,
-			 idem_row_fn fn, void *ctx);
+                         idem_row_fn fn, void *ctx);
 
 /*
  * The deadline a call starting now works to, monotonic µs: the calling

@@ -157,9 +157,12 @@ int idem__rec_complete(idem_txn *txn, int64_t id, const char *owner, idem__statu
 	    "UPDATE idem_records SET version = version + 1, status = ?, http_status = ?,"
 	    " response = ?, owner = NULL, lease_until = NULL, completed_at = ?"
 	    " WHERE id = ? AND owner = ? AND status = 'PROCESSING'";
-	idem_value p[6] = {
-	    IDEM_V_TEXT(idem__status_name(st)),     IDEM_V_INT(http_status), IDEM_V_BLOB(body, len),
-	    IDEM_V_INT(now), IDEM_V_INT(id),          IDEM_V_TEXT(owner)};
+	idem_value p[6] = {IDEM_V_TEXT(idem__status_name(st)),
+	                   IDEM_V_INT(http_status),
+	                   IDEM_V_BLOB(body, len),
+	                   IDEM_V_INT(now),
+	                   IDEM_V_INT(id),
+	                   IDEM_V_TEXT(owner)};
 
 	return changed_one(txn, sql, p, 6, changed);
 }

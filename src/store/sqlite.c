@@ -26,7 +26,7 @@
 #include "util/error.h"
 
 #define STMT_CACHE 48
-#define MAX_COLS 32
+#define MAX_COLS   32
 
 typedef struct {
 	sqlite3 *db;
@@ -99,7 +99,7 @@ static int fail(sqlite3 *db, int rc, err_ctx ctx, const char *what)
 	default: code = IDEM_ESTORE; break;
 	}
 	return idem__error_driver(code, ext, NULL, "sqlite: %s: %s (extended code %d)", what, msg,
-				  ext);
+	                          ext);
 }
 
 /* ---- statements ------------------------------------------------------ */
@@ -141,7 +141,7 @@ static int bind(conn *c, sqlite3_stmt *st, const idem_value *params, int n)
 {
 	if (n != sqlite3_bind_parameter_count(st))
 		return idem__error(IDEM_EINVAL, "statement takes %d parameters, %d given",
-				   sqlite3_bind_parameter_count(st), n);
+		                   sqlite3_bind_parameter_count(st), n);
 	for (int i = 0; i < n; i++) {
 		const idem_value *v = &params[i];
 		int rc;
@@ -150,11 +150,11 @@ static int bind(conn *c, sqlite3_stmt *st, const idem_value *params, int n)
 		case IDEM_VAL_INT: rc = sqlite3_bind_int64(st, i + 1, v->i); break;
 		case IDEM_VAL_TEXT:
 			rc = sqlite3_bind_text64(st, i + 1, v->p ? v->p : "", v->len, SQLITE_STATIC,
-						 SQLITE_UTF8);
+			                         SQLITE_UTF8);
 			break;
 		case IDEM_VAL_BLOB:
 			rc = v->len ? sqlite3_bind_blob64(st, i + 1, v->p, v->len, SQLITE_STATIC)
-				    : sqlite3_bind_zeroblob(st, i + 1, 0);
+			            : sqlite3_bind_zeroblob(st, i + 1, 0);
 			break;
 		default: rc = sqlite3_bind_null(st, i + 1); break;
 		}
@@ -168,8 +168,8 @@ static int bind(conn *c, sqlite3_stmt *st, const idem_value *params, int n)
  * Run sql on c with params; call fn per row; report changes. The one place
  * SQL is executed, so every path gets the same classification and cleanup.
  */
-static int run(conn *c, const char *sql, const idem_value *params, int n, idem_row_fn fn,
-	       void *ctx, int64_t *changes, err_ctx ectx)
+static int run(conn *c, const char *sql, const idem_value *params, int n, idem_row_fn fn, void *ctx,
+               int64_t *changes, err_ctx ectx)
 {
 	sqlite3_stmt *st = NULL;
 	int cached = 0, rc, step;
@@ -185,22 +185,21 @@ static int run(conn *c, const char *sql, const idem_value *params, int n, idem_r
 		if (!fn)
 			continue;
 		if (ncols > MAX_COLS) {
-			rc = idem__error(IDEM_EINVAL, "query returns more than %d columns", MAX_COLS);
+			rc = idem__error(IDEM_EINVAL, "query returns more than %d columns",
+			                 MAX_COLS);
 			goto done;
 		}
 		for (int i = 0; i < ncols; i++) {
 			switch (sqlite3_column_type(st, i)) {
 			case SQLITE_INTEGER:
-			case SQLITE_FLOAT:
-				cols[i] = IDEM_V_INT(sqlite3_column_int64(st, i));
-				break;
+			case SQLITE_FLOAT: cols[i] = IDEM_V_INT(sqlite3_column_int64(st, i)); break;
 			case SQLITE_TEXT:
 				cols[i] = IDEM_V_TEXTN((const char *)sqlite3_column_text(st, i),
-						       (size_t)sqlite3_column_bytes(st, i));
+				                       (size_t)sqlite3_column_bytes(st, i));
 				break;
 			case SQLITE_BLOB:
 				cols[i] = IDEM_V_BLOB(sqlite3_column_blob(st, i),
-						      (size_t)sqlite3_column_bytes(st, i));
+				                      (size_t)sqlite3_column_bytes(st, i));
 				break;
 			default: cols[i] = IDEM_V_NULL; break;
 			}
@@ -270,10 +269,11 @@ static int conn_open(conn *c, idem__backend *be, int reader)
 	sqlite3_extended_result_codes(c->db, 1);
 	sqlite3_busy_timeout(c->db, be->opts.busy_timeout_ms);
 	snprintf(pragma, sizeof(pragma), "PRAGMA synchronous=%s",
-		 be->opts.synchronous_full ? "FULL" : "NORMAL");
+	         be->opts.synchronous_full ? "FULL" : "NORMAL");
 	/* The first statement reads the file header: a non-database fails here. */
 	if ((!be->memory && !reader && (rc = exec_plain(c, "PRAGMA journal_mode=WAL")) < 0) ||
-	    (rc = exec_plain(c, pragma)) < 0 || (rc = exec_plain(c, "PRAGMA foreign_keys=ON")) < 0 ||
+	    (rc = exec_plain(c, pragma)) < 0 ||
+	    (rc = exec_plain(c, "PRAGMA foreign_keys=ON")) < 0 ||
 	    (reader && (rc = exec_plain(c, "PRAGMA query_only=1")) < 0) ||
 	    (rc = exec_plain(c, "SELECT count(*) FROM sqlite_schema")) < 0) {
 		conn_close(c);
@@ -351,14 +351,14 @@ static int version_in(conn *c, int *out)
 	int64_t v = 0;
 	int has = 0;
 	int rc = run(c, "SELECT count(*) FROM sqlite_schema WHERE name = 'idem_schema_version'",
-		     NULL, 0, idem_row_int, &v, NULL, CTX_PLAIN);
+	             NULL, 0, idem_row_int, &v, NULL, CTX_PLAIN);
 
 	if (rc < 0)
 		return rc;
 	has = v > 0;
 	v = 0;
 	if (has && (rc = run(c, "SELECT coalesce(max(version), 0) FROM idem_schema_version", NULL,
-			     0, idem_row_int, &v, NULL, CTX_PLAIN)) < 0)
+	                     0, idem_row_int, &v, NULL, CTX_PLAIN)) < 0)
 		return rc;
 	*out = (int)v;
 	return 0;
@@ -410,13 +410,14 @@ static int sqlite_migrate(idem__backend *be, int *version_out)
 	if ((rc = exec_plain(c, "BEGIN IMMEDIATE")) < 0)
 		goto unlock;
 	if ((rc = exec_plain(c, "CREATE TABLE IF NOT EXISTS idem_schema_version ("
-				" version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)")) < 0 ||
+	                        " version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)")) <
+	        0 ||
 	    (rc = version_in(c, &cur)) < 0)
 		goto rollback;
 	if (cur > IDEM__SQLITE_SCHEMA_LATEST) {
 		rc = idem__error(IDEM_ESCHEMA,
-				 "database schema version %d is newer than this library's %d", cur,
-				 IDEM__SQLITE_SCHEMA_LATEST);
+		                 "database schema version %d is newer than this library's %d", cur,
+		                 IDEM__SQLITE_SCHEMA_LATEST);
 		goto rollback;
 	}
 	for (int v = cur + 1; v <= IDEM__SQLITE_SCHEMA_LATEST; v++) {
@@ -428,8 +429,9 @@ static int sqlite_migrate(idem__backend *be, int *version_out)
 			sqlite3_free(errmsg);
 			goto rollback;
 		}
-		if ((rc = run(c, "INSERT INTO idem_schema_version (version, applied_at) VALUES (?, ?)",
-			      p, 2, NULL, NULL, NULL, CTX_PLAIN)) < 0)
+		if ((rc = run(c,
+		              "INSERT INTO idem_schema_version (version, applied_at) VALUES (?, ?)",
+		              p, 2, NULL, NULL, NULL, CTX_PLAIN)) < 0)
 			goto rollback;
 		cur = v;
 	}
@@ -466,7 +468,7 @@ static void sqlite_close(idem__backend *be)
 }
 
 static int sqlite_open(idem__backend **out, idem_store *store, const char *target,
-		       const idem_store_opts *opts)
+                       const idem_store_opts *opts)
 {
 	idem__backend *be = NULL;
 	int rc;
@@ -598,20 +600,20 @@ static int sqlite_rollback_to(idem_txn *txn, const char *name)
 static int sqlite_rec_insert(idem_txn *txn, const idem__key *k, idem__record *rec)
 {
 	static const char sql[] =
-		"INSERT INTO idem_records (scope, business_type, idem_key, version, status,"
-		" fingerprint, owner, lease_until, created_at, expires_at)"
-		" VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+	    "INSERT INTO idem_records (scope, business_type, idem_key, version, status,"
+	    " fingerprint, owner, lease_until, created_at, expires_at)"
+	    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 	conn *c = &be_of(txn)->writer;
 	idem_value p[10] = {IDEM_V_TEXTN(k->scope, k->scope_len),
-			    IDEM_V_TEXTN(k->type, k->type_len),
-			    IDEM_V_TEXTN(k->key, k->key_len),
-			    IDEM_V_INT(rec->version),
-			    IDEM_V_TEXT(idem__status_name(rec->status)),
-			    IDEM_V_TEXT(rec->fingerprint),
-			    IDEM_V_TEXT(rec->owner),
-			    IDEM_V_INT(rec->lease_until),
-			    IDEM_V_INT(rec->created_at),
-			    IDEM_V_INT(rec->expires_at)};
+	                    IDEM_V_TEXTN(k->type, k->type_len),
+	                    IDEM_V_TEXTN(k->key, k->key_len),
+	                    IDEM_V_INT(rec->version),
+	                    IDEM_V_TEXT(idem__status_name(rec->status)),
+	                    IDEM_V_TEXT(rec->fingerprint),
+	                    IDEM_V_TEXT(rec->owner),
+	                    IDEM_V_INT(rec->lease_until),
+	                    IDEM_V_INT(rec->created_at),
+	                    IDEM_V_INT(rec->expires_at)};
 	int rc = run(c, sql, p, 10, NULL, NULL, NULL, CTX_CLAIM);
 
 	if (rc == 0)
@@ -640,19 +642,19 @@ static int sqlite_purge_batch(idem__backend *be, int64_t now, int batch, int64_t
 /* ---- generic SQL ----------------------------------------------------- */
 
 static int sqlite_txn_exec(idem_txn *txn, const char *sql, const idem_value *params, int n,
-			   int64_t *changes)
+                           int64_t *changes)
 {
 	return run(&be_of(txn)->writer, sql, params, n, NULL, NULL, changes, CTX_BUSINESS);
 }
 
 static int sqlite_txn_query(idem_txn *txn, const char *sql, const idem_value *params, int n,
-			    idem_row_fn fn, void *ctx)
+                            idem_row_fn fn, void *ctx)
 {
 	return run(&be_of(txn)->writer, sql, params, n, fn, ctx, NULL, CTX_BUSINESS);
 }
 
 static int sqlite_read_query(idem__backend *be, const char *sql, const idem_value *params, int n,
-			     idem_row_fn fn, void *ctx)
+                             idem_row_fn fn, void *ctx)
 {
 	conn *c = reader_get(be);
 	int rc = run(c, sql, params, n, fn, ctx, NULL, CTX_BUSINESS);
@@ -662,28 +664,28 @@ static int sqlite_read_query(idem__backend *be, const char *sql, const idem_valu
 }
 
 const idem__backend_ops idem__sqlite_ops = {
-	.version = IDEM__BACKEND_OPS_VERSION,
-	.name = "sqlite",
-	.caps = IDEM__CAP_ONE_WRITER, /* one write transaction per database file */
-	.open = sqlite_open,
-	.close = sqlite_close,
-	.migrate = sqlite_migrate,
-	.schema_version = sqlite_schema_version,
-	.schema_latest = IDEM__SQLITE_SCHEMA_LATEST,
-	.ping = sqlite_ping,
-	.txn_begin = sqlite_txn_begin,
-	.txn_commit = sqlite_txn_commit,
-	.txn_rollback = sqlite_txn_rollback,
-	.savepoint = sqlite_savepoint,
-	.release = sqlite_release,
-	.rollback_to = sqlite_rollback_to,
-	.rec_insert = sqlite_rec_insert,
-	.rec_takeover = idem__rec_takeover,
-	.rec_complete = idem__rec_complete,
-	.rec_extend = idem__rec_extend,
-	.rec_delete_owned = idem__rec_delete_owned,
-	.purge_batch = sqlite_purge_batch,
-	.txn_exec = sqlite_txn_exec,
-	.txn_query = sqlite_txn_query,
-	.read_query = sqlite_read_query,
+    .version = IDEM__BACKEND_OPS_VERSION,
+    .name = "sqlite",
+    .caps = IDEM__CAP_ONE_WRITER, /* one write transaction per database file */
+    .open = sqlite_open,
+    .close = sqlite_close,
+    .migrate = sqlite_migrate,
+    .schema_version = sqlite_schema_version,
+    .schema_latest = IDEM__SQLITE_SCHEMA_LATEST,
+    .ping = sqlite_ping,
+    .txn_begin = sqlite_txn_begin,
+    .txn_commit = sqlite_txn_commit,
+    .txn_rollback = sqlite_txn_rollback,
+    .savepoint = sqlite_savepoint,
+    .release = sqlite_release,
+    .rollback_to = sqlite_rollback_to,
+    .rec_insert = sqlite_rec_insert,
+    .rec_takeover = idem__rec_takeover,
+    .rec_complete = idem__rec_complete,
+    .rec_extend = idem__rec_extend,
+    .rec_delete_owned = idem__rec_delete_owned,
+    .purge_batch = sqlite_purge_batch,
+    .txn_exec = sqlite_txn_exec,
+    .txn_query = sqlite_txn_query,
+    .read_query = sqlite_read_query,
 };

@@ -16,10 +16,13 @@ static void order_and_space_do_not_matter(void **state)
 	char a[65], b[65], c[65];
 
 	(void)state;
-	fp(a, "/v1/payments", "{\"amount\":1000,\"currency\":\"CNY\",\"meta\":{\"x\":1,\"y\":[1,2]}}");
+	fp(a, "/v1/payments",
+	   "{\"amount\":1000,\"currency\":\"CNY\",\"meta\":{\"x\":1,\"y\":[1,2]}}");
 	fp(b, "/v1/payments",
-	   "{ \"meta\" : { \"y\" : [ 1 , 2 ], \"x\" : 1 },\n\t\"currency\": \"CNY\", \"amount\": 1000 }");
-	fp(c, "/v1/payments", "{\"currency\":\"CNY\",\"amount\":1000,\"meta\":{\"y\":[1,2],\"x\":1}}");
+	   "{ \"meta\" : { \"y\" : [ 1 , 2 ], \"x\" : 1 },\n\t\"currency\": \"CNY\", \"amount\": "
+	   "1000 }");
+	fp(c, "/v1/payments",
+	   "{\"currency\":\"CNY\",\"amount\":1000,\"meta\":{\"y\":[1,2],\"x\":1}}");
 	assert_string_equal(a, b);
 	assert_string_equal(a, c);
 	assert_int_equal(strlen(a), 64);
@@ -71,8 +74,10 @@ static void unicode_escapes_are_canonical(void **state)
 static void bad_json_is_rejected(void **state)
 {
 	char out[65];
-	const char *bad[] = {"{", "{\"a\":1,}", "{\"a\":1}{", "{'a':1}", "{\"a\":1,\"a\":2}",
-			     "{\"a\":123456789012345678901234567890}", "nul"};
+	const char *bad[] = {
+	    "{",       "{\"a\":1,}",        "{\"a\":1}{",
+	    "{'a':1}", "{\"a\":1,\"a\":2}", "{\"a\":123456789012345678901234567890}",
+	    "nul"};
 
 	(void)state;
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -133,14 +138,14 @@ static void error_names(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(order_and_space_do_not_matter),
-		cmocka_unit_test(changes_that_matter),
-		cmocka_unit_test(parts_cannot_shift),
-		cmocka_unit_test(unicode_escapes_are_canonical),
-		cmocka_unit_test(bad_json_is_rejected),
-		cmocka_unit_test(key_syntax),
-		cmocka_unit_test(natural_key_syntax),
-		cmocka_unit_test(error_names),
+	    cmocka_unit_test(order_and_space_do_not_matter),
+	    cmocka_unit_test(changes_that_matter),
+	    cmocka_unit_test(parts_cannot_shift),
+	    cmocka_unit_test(unicode_escapes_are_canonical),
+	    cmocka_unit_test(bad_json_is_rejected),
+	    cmocka_unit_test(key_syntax),
+	    cmocka_unit_test(natural_key_syntax),
+	    cmocka_unit_test(error_names),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

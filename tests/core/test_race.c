@@ -17,7 +17,7 @@
 #include "support.h"
 
 #define THREADS 16
-#define ROUNDS 1000
+#define ROUNDS  1000
 
 typedef struct {
 	idem_store *store;
@@ -44,12 +44,12 @@ static int work(idem_txn *txn, void *ctx, idem_response *resp)
 	char body[96];
 	idem_value p[3] = {IDEM_V_TEXT(w->r->scope), IDEM_V_TEXT(w->key), IDEM_V_INT(w->id)};
 	int rc = idem_txn_exec(txn, "INSERT INTO work_log (scope, k, worker) VALUES (?, ?, ?)", p,
-			       3, NULL);
+	                       3, NULL);
 
 	if (rc < 0)
 		return rc;
 	snprintf(body, sizeof(body), "{\"key\":\"%s\",\"by\":%d,\"pid\":%d}", w->key, w->id,
-		 (int)getpid() % 1000);
+	         (int)getpid() % 1000);
 	return idem_response_set(resp, 201, body, strlen(body));
 }
 
@@ -73,14 +73,14 @@ static void *run_worker(void *arg)
 		rc = idem_execute(&res, r->store, &req, work, w);
 		if (rc != 0) {
 			fprintf(stderr, "worker %d round %d: %d %s\n", w->id, round, rc,
-				idem_error_last()->message);
+			        idem_error_last()->message);
 			__atomic_fetch_add(&r->errors, 1, __ATOMIC_RELAXED);
 			r->outcome[round][w->id] = -1;
 			continue;
 		}
 		r->outcome[round][w->id] = (int)res.outcome;
 		snprintf(r->body[round][w->id], sizeof(r->body[round][w->id]), "%.*s",
-			 (int)res.body_len, (const char *)res.body);
+		         (int)res.body_len, (const char *)res.body);
 		idem_result_clear(&res);
 	}
 	return NULL;
@@ -116,10 +116,10 @@ static int run_race(race *r)
 				first_here++;
 			else if (r->outcome[round][i] != IDEM_REPLAY)
 				fail_msg("round %d thread %d: outcome %d", round, i,
-					 r->outcome[round][i]);
+				         r->outcome[round][i]);
 			if (strcmp(r->body[round][i], r->body[round][0]) != 0)
 				fail_msg("round %d: thread %d got %s, thread 0 got %s", round, i,
-					 r->body[round][i], r->body[round][0]);
+				         r->body[round][i], r->body[round][0]);
 		}
 		if (first_here > 1)
 			fail_msg("round %d: %d callers executed", round, first_here);
@@ -144,11 +144,11 @@ static void check_db(idem_store *store, const char *scope, int rounds, race *r)
 		snprintf(key, sizeof(key), "key-%d", round);
 		if (test_work_count(store, scope, key) != 1)
 			fail_msg("%s executed %lld times", key,
-				 (long long)test_work_count(store, scope, key));
+			         (long long)test_work_count(store, scope, key));
 		assert_int_equal(idem_record_get(&info, store, scope, "payment", key, strlen(key)),
-				 0);
+		                 0);
 		if (r && (info.body_len != strlen(r->body[round][0]) ||
-			  memcmp(info.body, r->body[round][0], info.body_len) != 0))
+		          memcmp(info.body, r->body[round][0], info.body_len) != 0))
 			fail_msg("%s: stored body differs from the answered one", key);
 		idem_record_info_clear(&info);
 	}
@@ -179,7 +179,7 @@ static void threads_race_one_process(void **state)
 }
 
 #define PROC_THREADS 8
-#define PROC_ROUNDS 300
+#define PROC_ROUNDS  300
 
 /* Child and parent both run this, each with its own store on the same file. */
 static int race_in_process(const char *url, const char *scope, int go_fd)
@@ -237,7 +237,7 @@ static void processes_race_one_file(void **state)
 	assert_true(WIFEXITED(status));
 	assert_int_equal(WEXITSTATUS(status), 0);
 	assert_int_equal(read(counts[0], &child_firsts, sizeof(child_firsts)),
-			 (ssize_t)sizeof(child_firsts));
+	                 (ssize_t)sizeof(child_firsts));
 	/* Across both processes every key executed exactly once. */
 	assert_int_equal(firsts + child_firsts, PROC_ROUNDS);
 	store = test_store_open(url, NULL);
@@ -251,8 +251,8 @@ static void processes_race_one_file(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(threads_race_one_process),
-		cmocka_unit_test(processes_race_one_file),
+	    cmocka_unit_test(threads_race_one_process),
+	    cmocka_unit_test(processes_race_one_file),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -45,9 +45,9 @@ const char *test_server_admin_url(const char *backend)
 		return url;
 	/* Visible in the test output: a missing server must never pass silently. */
 	fprintf(stderr,
-		"SKIPPED: %s not set: no %s server (scripts/db-up.sh starts one; "
-		"scripts/deps.sh --all installs it)\n",
-		var, pg ? "PostgreSQL" : "MariaDB");
+	        "SKIPPED: %s not set: no %s server (scripts/db-up.sh starts one; "
+	        "scripts/deps.sh --all installs it)\n",
+	        var, pg ? "PostgreSQL" : "MariaDB");
 	skip();
 	return NULL;
 }
@@ -74,9 +74,9 @@ static const char *admin_url(void)
 		return kind_of_url(env) == SRV_NONE ? NULL : env;
 	if (!getenv(var) || !*getenv(var)) {
 		fprintf(stderr,
-			"SKIPPED: IDEM_TEST_URL=%s but %s is not set: no server binary "
-			"(scripts/db-up.sh starts one; scripts/deps.sh --all installs it)\n",
-			env, var);
+		        "SKIPPED: IDEM_TEST_URL=%s but %s is not set: no server binary "
+		        "(scripts/db-up.sh starts one; scripts/deps.sh --all installs it)\n",
+		        env, var);
 		fflush(NULL);
 		_exit(77);
 	}
@@ -148,15 +148,15 @@ char *test_db_url(void)
 		char db[40], sql[160];
 
 		assert_int_equal(RAND_bytes(r, sizeof(r)), 1);
-		snprintf(db, sizeof(db), "idem_t_%02x%02x%02x%02x%02x%02x%02x%02x", r[0], r[1], r[2],
-			 r[3], r[4], r[5], r[6], r[7]);
+		snprintf(db, sizeof(db), "idem_t_%02x%02x%02x%02x%02x%02x%02x%02x", r[0], r[1],
+		         r[2], r[3], r[4], r[5], r[6], r[7]);
 		/* Binary collation by default, so business tables compare
 		 * byte for byte too, as on the other backends. */
 		snprintf(sql, sizeof(sql),
-			 kind_of_url(admin) == SRV_PG
-				 ? "CREATE DATABASE %s"
-				 : "CREATE DATABASE %s CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
-			 db);
+		         kind_of_url(admin) == SRV_PG
+		             ? "CREATE DATABASE %s"
+		             : "CREATE DATABASE %s CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
+		         db);
 		admin_exec(admin, sql);
 		return url_with_db(admin, db);
 	}
@@ -183,9 +183,9 @@ void test_db_drop(const char *url)
 		if (!admin || strncmp(db, "idem_t_", 7) != 0)
 			return;
 		snprintf(sql, sizeof(sql),
-			 kind_of_url(admin) == SRV_PG ? "DROP DATABASE IF EXISTS %s WITH (FORCE)"
-						      : "DROP DATABASE IF EXISTS %s",
-			 db);
+		         kind_of_url(admin) == SRV_PG ? "DROP DATABASE IF EXISTS %s WITH (FORCE)"
+		                                      : "DROP DATABASE IF EXISTS %s",
+		         db);
 		admin_exec(admin, sql);
 		return;
 	}
@@ -236,17 +236,17 @@ void test_scope(char out[40])
 
 	assert_int_equal(RAND_bytes(r, sizeof(r)), 1);
 	snprintf(out, 40, "t_%02x%02x%02x%02x%02x%02x%02x%02x", r[0], r[1], r[2], r[3], r[4], r[5],
-		 r[6], r[7]);
+	         r[6], r[7]);
 }
 
 static int create_work_log(idem_txn *txn, void *ctx)
 {
 	(void)ctx;
 	return idem_txn_exec(txn,
-			     "CREATE TABLE IF NOT EXISTS work_log ("
-			     " scope VARCHAR(64) NOT NULL, k VARCHAR(255) NOT NULL,"
-			     " worker INTEGER NOT NULL CHECK (worker >= 0))",
-			     NULL, 0, NULL);
+	                     "CREATE TABLE IF NOT EXISTS work_log ("
+	                     " scope VARCHAR(64) NOT NULL, k VARCHAR(255) NOT NULL,"
+	                     " worker INTEGER NOT NULL CHECK (worker >= 0))",
+	                     NULL, 0, NULL);
 }
 
 void test_create_work_log(idem_store *store)
@@ -268,7 +268,7 @@ int64_t test_work_count(idem_store *store, const char *scope, const char *key)
 	idem_value p[2] = {IDEM_V_TEXT(scope), IDEM_V_TEXT(key)};
 	int64_t n = -1;
 	int rc = idem_store_query(store, "SELECT count(*) FROM work_log WHERE scope = ? AND k = ?",
-				  p, 2, first_int, &n);
+	                          p, 2, first_int, &n);
 
 	assert_int_equal(rc, 0);
 	return n;
@@ -331,7 +331,7 @@ int test_copy_row(void *ctx, const idem_value *cols, int n)
 			memcpy(r->blob, cols[i].p, cols[i].len);
 		} else if (cols[i].type == IDEM_VAL_TEXT) {
 			snprintf(r->text[i], sizeof(r->text[i]), "%.*s", (int)cols[i].len,
-				 (const char *)cols[i].p);
+			         (const char *)cols[i].p);
 		}
 	}
 	return 1;
