@@ -352,40 +352,58 @@ static void *worker_loop(worker *w)
 	return NULL;
 }
 
-int engine_run(bench *b, bench_thread *threads, int nthreads, char *err, size_t errlen)
-{
-	static conn conns[BENCH_MAX_CONNS]; /* kept open across phases */
-	static int inited;
+static conn conns[BENCH_MAX_CONNS]; /* kept open across phases */
+
+/* One phase's load threads. */
+typedef struct {
 	worker ws[64];
 	pthread_t tids[64];
-	int per, extra, off = 0, rc = 0, started = 0;
+	int n;       /* threads asked for */
+	int started; /* threads running, to be joined */
+} crew;
 
-	if (nthreads > 64 || b->cfg.concurrency > BENCH_MAX_CONNS) {
-		snprintf(err, errlen, "too many threads or connections");
-		return -1;
-	}
-	if (!inited) {
-		for (int i = 0; i < b->cfg.concurrency; i++) {
-			conns[i].fd = -1;
-			if (!(conns[i].in = malloc(IN_START))) {
-				snprintf(err, errlen, "out of memory");
-				return -1;
-			}
-			conns[i].in_cap = IN_START;
+/* The connections' input buffers: made by the first phase, kept after. */
+static int conns_init(int n, char *err, size_t errlen)
+{
+	static int inited;
+
+	if (inited)
+		return 0;
+	for (int i = 0; i < n; i++) {
+		conns[i].fd = -1;
+		if (!(conns[i].in = malloc(IN_START))) {
+			snprintf(err, errlen, "out of memory");
+			return -1;
 		}
-		inited = 1;
+		conns[i].in_cap = IN_START;
 	}
-	per = b->cfg.concurrency / nthreads;
-	extra = b->cfg.concurrency % nthreads;
-	memset(ws, 0, sizeof(ws));
-	for (int i = 0; i < nthreads; i++)
-		ws[i].ep = -1;
-	atomic_store(&b->stop, 0);
-	atomic_store(&b->issued, 0);
-	b->phase_start_ns = now_ns();
-	atomic_store(&b->running, nthreads);
-	for (int i = 0; i < nthreads; i++) {
-		worker *w = &ws[i];
+	inited = 1;
+	return 0;
+}
+
+/* Sockets kept from the last phase join this phase's epoll set. */
+static void watch_kept_sockets(worker *w)
+{
+	for (int k = 0; k < w->nconns; k++) {
+		struct epoll_event ev;
+
+		if (w->conns[k].fd < 0)
+			continue;
+		memset(&ev, 0, sizeof(ev));
+		ev.events = EPOLLIN;
+		ev.data.ptr = &w->conns[k];
+		epoll_ctl(w->ep, EPOLL_CTL_ADD, w->conns[k].fd, &ev);
+	}
+}
+
+/* A thread per worker, the connections shared out evenly. On a failure
+ * the threads already running are told to stop. */
+static int start_workers(bench *b, bench_thread *threads, crew *c, char *err, size_t errlen)
+{
+	int per = b->cfg.concurrency / c->n, extra = b->cfg.concurrency % c->n, off = 0;
+
+	for (int i = 0; i < c->n; i++) {
+		worker *w = &c->ws[i];
 
 		w->b = b;
 		w->t = &threads[i];
@@ -393,46 +411,73 @@ int engine_run(bench *b, bench_thread *threads, int nthreads, char *err, size_t 
 		w->nconns = per + (i < extra);
 		off += w->nconns;
 		w->ep = epoll_create1(EPOLL_CLOEXEC);
-		/* sockets kept from the last phase join this phase's epoll set */
-		for (int k = 0; k < w->nconns; k++) {
-			struct epoll_event ev;
-
-			if (w->conns[k].fd < 0)
-				continue;
-			memset(&ev, 0, sizeof(ev));
-			ev.events = EPOLLIN;
-			ev.data.ptr = &w->conns[k];
-			epoll_ctl(w->ep, EPOLL_CTL_ADD, w->conns[k].fd, &ev);
-		}
-		if (w->ep < 0 || pthread_create(&tids[i], NULL, worker_main, w) != 0) {
+		watch_kept_sockets(w);
+		if (w->ep < 0 || pthread_create(&c->tids[i], NULL, worker_main, w) != 0) {
 			snprintf(err, errlen, "cannot start a load thread");
-			atomic_fetch_sub(&b->running, nthreads - i);
+			atomic_fetch_sub(&b->running, c->n - i);
 			atomic_store(&b->stop, 1);
-			rc = -1;
-			break;
+			return -1;
 		}
-		started++;
+		c->started++;
 	}
-	if (rc == 0 && b->phase == PHASE_MAIN && (!b->cfg.requests || b->cfg.duration_set)) {
-		uint64_t end = b->phase_start_ns + (uint64_t)(b->cfg.duration_s * 1e9);
+	return 0;
+}
 
-		while (!atomic_load(&b->stop) && atomic_load(&b->running) > 0 && now_ns() < end) {
-			uint64_t left = end - now_ns();
-			struct timespec ts = {0, left > 50000000 ? 50000000 : (long)left};
+/* The timed phase ends at --duration (unless only --requests bounds it),
+ * or earlier when every worker is done or one failed. */
+static void stop_at_deadline(bench *b)
+{
+	uint64_t end;
 
-			nanosleep(&ts, NULL);
-		}
-		atomic_store(&b->stop, 1);
+	if (b->phase != PHASE_MAIN || (b->cfg.requests && !b->cfg.duration_set))
+		return;
+	end = b->phase_start_ns + (uint64_t)(b->cfg.duration_s * 1e9);
+	while (!atomic_load(&b->stop) && atomic_load(&b->running) > 0 && now_ns() < end) {
+		uint64_t left = end - now_ns();
+		struct timespec ts = {0, left > 50000000 ? 50000000 : (long)left};
+
+		nanosleep(&ts, NULL);
 	}
-	for (int i = 0; i < started; i++)
-		pthread_join(tids[i], NULL);
-	for (int i = 0; i < nthreads; i++) {
-		if (ws[i].fatal && rc == 0) {
-			snprintf(err, errlen, "%s", ws[i].err);
+	atomic_store(&b->stop, 1);
+}
+
+/* Joins the threads and closes their epoll sets; rc, or -1 with the first
+ * worker's error when rc was 0 and one failed. */
+static int join_workers(crew *c, int rc, char *err, size_t errlen)
+{
+	for (int i = 0; i < c->started; i++)
+		pthread_join(c->tids[i], NULL);
+	for (int i = 0; i < c->n; i++) {
+		if (c->ws[i].fatal && rc == 0) {
+			snprintf(err, errlen, "%s", c->ws[i].err);
 			rc = -1;
 		}
-		if (ws[i].ep >= 0)
-			close(ws[i].ep);
+		if (c->ws[i].ep >= 0)
+			close(c->ws[i].ep);
 	}
 	return rc;
+}
+
+int engine_run(bench *b, bench_thread *threads, int nthreads, char *err, size_t errlen)
+{
+	crew c;
+	int rc;
+
+	if (nthreads > 64 || b->cfg.concurrency > BENCH_MAX_CONNS) {
+		snprintf(err, errlen, "too many threads or connections");
+		return -1;
+	}
+	if (conns_init(b->cfg.concurrency, err, errlen) < 0)
+		return -1;
+	memset(&c, 0, sizeof(c));
+	c.n = nthreads;
+	for (int i = 0; i < nthreads; i++)
+		c.ws[i].ep = -1;
+	atomic_store(&b->stop, 0);
+	atomic_store(&b->issued, 0);
+	b->phase_start_ns = now_ns();
+	atomic_store(&b->running, nthreads);
+	if ((rc = start_workers(b, threads, &c, err, errlen)) == 0)
+		stop_at_deadline(b);
+	return join_workers(&c, rc, err, errlen);
 }

@@ -196,6 +196,124 @@ enum {
 	O_JSON,
 };
 
+/* The built-in values, before the flags. */
+static void set_defaults(bench_config *c, const char *argv0)
+{
+	memset(c, 0, sizeof(*c));
+	parse_url(c, "127.0.0.1:8080");
+	c->concurrency = 32;
+	c->threads = 2;
+	c->duration_s = 10;
+	c->keys = UINT64_MAX;
+	c->mix[REQ_PAYMENT] = c->mix_total = 1;
+	c->seed = 1;
+	c->verify = 1;
+	snprintf(c->channel, sizeof(c->channel), "mock");
+	snprintf(c->run_id, sizeof(c->run_id), "%llx%llx",
+	         (unsigned long long)(time(NULL) & 0xffffff),
+	         (unsigned long long)(getpid() & 0xffff));
+	default_idemctl(c, argv0);
+}
+
+/* Copies v into a field of size bytes; -1 when it does not fit. */
+static int set_text(char *field, size_t size, const char *v)
+{
+	return snprintf(field, size, "%s", v) >= (int)size ? -1 : 0;
+}
+
+/* One flag and its value: 0, 1 when --help was printed, 2 on bad usage
+ * (reported). *create: merchants to create with --db. */
+static int apply(bench_config *c, int opt, const char *v, uint64_t *create)
+{
+	const char *colon;
+	uint64_t n = 0;
+	int bad = 0, url_rc;
+
+	switch (opt) {
+	case 'h': usage(stdout); return 1;
+	case O_URL:
+		url_rc = parse_url(c, v);
+		if (url_rc == -2) {
+			fprintf(stderr, "idem-bench: %s is not a loopback address\n", v);
+			return 2;
+		}
+		bad = url_rc < 0;
+		break;
+	case O_CONC:
+		bad = parse_u64(v, 1, BENCH_MAX_CONNS, &n) < 0;
+		c->concurrency = (int)n;
+		break;
+	case O_THREADS:
+		bad = parse_u64(v, 1, 64, &n) < 0;
+		c->threads = (int)n;
+		break;
+	case O_DURATION:
+		bad = parse_double(v, 0.1, 86400, &c->duration_s) < 0;
+		c->duration_set = 1;
+		break;
+	case O_REQUESTS: bad = parse_u64(v, 1, UINT64_MAX / 2, &c->requests) < 0; break;
+	case O_KEYS: bad = parse_u64(v, 1, (uint64_t)SLOT_CHUNK * SLOT_CHUNKS, &c->keys) < 0; break;
+	case O_DUP: bad = parse_double(v, 0, 1, &c->dup_ratio) < 0; break;
+	case O_HOT: bad = parse_u64(v, 0, 100000000, &c->hot_keys) < 0; break;
+	case O_MIX: bad = parse_mix(c, v) < 0; break;
+	case O_DB: bad = set_text(c->db, sizeof(c->db), v) < 0; break;
+	case O_IDEMCTL: bad = set_text(c->idemctl, sizeof(c->idemctl), v) < 0; break;
+	case O_MERCHANTS: bad = parse_u64(v, 1, BENCH_MAX_MERCHANTS, create) < 0; break;
+	case O_APIKEY: bad = add_merchant(c, "", 0, v) < 0; break;
+	case O_MERCHANT:
+		colon = strchr(v, ':');
+		bad = !colon || add_merchant(c, v, (size_t)(colon - v), colon + 1) < 0;
+		break;
+	case O_CHANNEL: bad = set_text(c->channel, sizeof(c->channel), v) < 0; break;
+	case O_SECRET: bad = set_text(c->channel_secret, sizeof(c->channel_secret), v) < 0; break;
+	case O_SEED: bad = parse_u64(v, 1, UINT64_MAX, &c->seed) < 0; break;
+	case O_RUNID:
+		bad = strlen(v) < 1 || strlen(v) > 12 ||
+		      strspn(v, "abcdefghijklmnopqrstuvwxyz0123456789") != strlen(v);
+		if (!bad)
+			snprintf(c->run_id, sizeof(c->run_id), "%s", v);
+		break;
+	case O_NOVERIFY: c->verify = 0; break;
+	case O_LABEL: snprintf(c->label, sizeof(c->label), "%s", v); break;
+	case O_JSON: c->json = 1; break;
+	default: fprintf(stderr, "idem-bench: see --help\n"); return 2;
+	}
+	if (bad) {
+		fprintf(stderr, "idem-bench: invalid value '%s' (see --help)\n", v);
+		return 2;
+	}
+	return 0;
+}
+
+/* What the flags imply together: the merchants to use or create, the
+ * channel secret notifications need, no more threads than connections. */
+static int settle(bench_config *c, uint64_t create)
+{
+	/* With merchants given, --db serves only the row counts on SQLite. */
+	if (c->nmerchants == 0) {
+		if (c->db[0]) {
+			c->nmerchants = (int)create;
+		} else if (c->verify) {
+			fprintf(stderr, "idem-bench: give --db URL, --api-key or --merchant "
+			                "(or --no-verify)\n");
+			return 2;
+		} else {
+			add_merchant(c, "", 0, "sk_none");
+		}
+	}
+	if (c->mix[REQ_NOTIFICATION] + c->mix[REQ_REFUND] > 0 && !c->channel_secret[0] &&
+	    !c->db[0]) {
+		fprintf(stderr, "idem-bench: notifications need --channel-secret (or --db)\n");
+		return 2;
+	}
+	if (c->threads > c->concurrency)
+		c->threads = c->concurrency;
+	if (!c->label[0])
+		snprintf(c->label, sizeof(c->label), "run %s", c->run_id);
+	return 0;
+}
+
+/* 0, 1 when --help was printed, 2 on bad usage (reported). */
 static int configure(bench_config *c, int argc, char **argv)
 {
 	static const struct option lo[] = {
@@ -223,128 +341,18 @@ static int configure(bench_config *c, int argc, char **argv)
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
-	uint64_t v, create = 2;
-	int opt, bad, url_rc;
-	const char *colon;
+	uint64_t create = 2;
+	int opt, rc;
 
-	memset(c, 0, sizeof(*c));
-	parse_url(c, "127.0.0.1:8080");
-	c->concurrency = 32;
-	c->threads = 2;
-	c->duration_s = 10;
-	c->keys = UINT64_MAX;
-	c->mix[REQ_PAYMENT] = c->mix_total = 1;
-	c->seed = 1;
-	c->verify = 1;
-	snprintf(c->channel, sizeof(c->channel), "mock");
-	snprintf(c->run_id, sizeof(c->run_id), "%llx%llx",
-	         (unsigned long long)(time(NULL) & 0xffffff),
-	         (unsigned long long)(getpid() & 0xffff));
-	default_idemctl(c, argv[0]);
-	while ((opt = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
-		bad = 0;
-		switch (opt) {
-		case 'h': usage(stdout); return 1;
-		case O_URL:
-			url_rc = parse_url(c, optarg);
-			if (url_rc == -2) {
-				fprintf(stderr, "idem-bench: %s is not a loopback address\n",
-				        optarg);
-				return 2;
-			}
-			bad = url_rc < 0;
-			break;
-		case O_CONC:
-			bad = parse_u64(optarg, 1, BENCH_MAX_CONNS, &v) < 0;
-			c->concurrency = (int)v;
-			break;
-		case O_THREADS:
-			bad = parse_u64(optarg, 1, 64, &v) < 0;
-			c->threads = (int)v;
-			break;
-		case O_DURATION:
-			bad = parse_double(optarg, 0.1, 86400, &c->duration_s) < 0;
-			c->duration_set = 1;
-			break;
-		case O_REQUESTS:
-			bad = parse_u64(optarg, 1, UINT64_MAX / 2, &c->requests) < 0;
-			break;
-		case O_KEYS:
-			bad =
-			    parse_u64(optarg, 1, (uint64_t)SLOT_CHUNK * SLOT_CHUNKS, &c->keys) < 0;
-			break;
-		case O_DUP: bad = parse_double(optarg, 0, 1, &c->dup_ratio) < 0; break;
-		case O_HOT: bad = parse_u64(optarg, 0, 100000000, &c->hot_keys) < 0; break;
-		case O_MIX: bad = parse_mix(c, optarg) < 0; break;
-		case O_DB:
-			bad = snprintf(c->db, sizeof(c->db), "%s", optarg) >= (int)sizeof(c->db);
-			break;
-		case O_IDEMCTL:
-			bad = snprintf(c->idemctl, sizeof(c->idemctl), "%s", optarg) >=
-			      (int)sizeof(c->idemctl);
-			break;
-		case O_MERCHANTS:
-			bad = parse_u64(optarg, 1, BENCH_MAX_MERCHANTS, &create) < 0;
-			break;
-		case O_APIKEY: bad = add_merchant(c, "", 0, optarg) < 0; break;
-		case O_MERCHANT:
-			colon = strchr(optarg, ':');
-			bad = !colon ||
-			      add_merchant(c, optarg, (size_t)(colon - optarg), colon + 1) < 0;
-			break;
-		case O_CHANNEL:
-			bad = snprintf(c->channel, sizeof(c->channel), "%s", optarg) >=
-			      (int)sizeof(c->channel);
-			break;
-		case O_SECRET:
-			bad = snprintf(c->channel_secret, sizeof(c->channel_secret), "%s",
-			               optarg) >= (int)sizeof(c->channel_secret);
-			break;
-		case O_SEED: bad = parse_u64(optarg, 1, UINT64_MAX, &c->seed) < 0; break;
-		case O_RUNID:
-			bad = strlen(optarg) < 1 || strlen(optarg) > 12 ||
-			      strspn(optarg, "abcdefghijklmnopqrstuvwxyz0123456789") !=
-			          strlen(optarg);
-			if (!bad)
-				snprintf(c->run_id, sizeof(c->run_id), "%s", optarg);
-			break;
-		case O_NOVERIFY: c->verify = 0; break;
-		case O_LABEL: snprintf(c->label, sizeof(c->label), "%s", optarg); break;
-		case O_JSON: c->json = 1; break;
-		default: fprintf(stderr, "idem-bench: see --help\n"); return 2;
-		}
-		if (bad) {
-			fprintf(stderr, "idem-bench: invalid value '%s' (see --help)\n", optarg);
-			return 2;
-		}
-	}
+	set_defaults(c, argv[0]);
+	while ((opt = getopt_long(argc, argv, "h", lo, NULL)) != -1)
+		if ((rc = apply(c, opt, optarg, &create)) != 0)
+			return rc;
 	if (optind < argc) {
 		fprintf(stderr, "idem-bench: unexpected argument '%s'\n", argv[optind]);
 		return 2;
 	}
-	if (c->nmerchants == 0) {
-		if (c->db[0]) {
-			c->nmerchants = (int)create;
-		} else if (c->verify) {
-			fprintf(stderr, "idem-bench: give --db URL, --api-key or --merchant "
-			                "(or --no-verify)\n");
-			return 2;
-		} else {
-			add_merchant(c, "", 0, "sk_none");
-		}
-	} else if (c->db[0] && strncmp(c->db, "sqlite:", 7) != 0) {
-		/* --db with given merchants: only for the row counts on SQLite */
-	}
-	if (c->mix[REQ_NOTIFICATION] + c->mix[REQ_REFUND] > 0 && !c->channel_secret[0] &&
-	    !c->db[0]) {
-		fprintf(stderr, "idem-bench: notifications need --channel-secret (or --db)\n");
-		return 2;
-	}
-	if (c->threads > c->concurrency)
-		c->threads = c->concurrency;
-	if (!c->label[0])
-		snprintf(c->label, sizeof(c->label), "run %s", c->run_id);
-	return 0;
+	return settle(c, create);
 }
 
 static void report(bench *b, bench_thread *ts, int n, double secs, const char *verdict,

@@ -181,89 +181,110 @@ static int run_stmt(MYSQL_STMT *st, MYSQL_BIND *b)
 	return 0;
 }
 
-static void *client_main(void *arg)
-{
-	static const char fp[] = "3f1c0a5e9b7d2468ace13579bdf02468ace13579bdf02468ace13579bdf02468";
-	client *c = arg;
-	MYSQL *m = connect_to(c->url);
-	MYSQL_STMT *ins_rec = NULL, *ins_pay = NULL, *upd_rec = NULL;
-	char run[24];
+/* A client's connection and its three statements. */
+typedef struct {
+	MYSQL *m;
+	MYSQL_STMT *ins_rec, *ins_pay, *upd_rec;
+} session;
 
-	c->failed = 1;
-	if (!m)
-		return NULL;
-	ins_rec = prepare(m, "INSERT INTO idem_records (scope, business_type, idem_key, version,"
-	                     " status, fingerprint, owner, lease_until, created_at, expires_at)"
-	                     " VALUES (?, 'payment', ?, 1, 'PROCESSING', ?, ?, ?, ?, ?)");
-	ins_pay =
+static int prepare_statements(session *s)
+{
+	MYSQL *m = s->m;
+
+	s->ins_rec = prepare(m, "INSERT INTO idem_records (scope, business_type, idem_key, version,"
+	                        " status, fingerprint, owner, lease_until, created_at, expires_at)"
+	                        " VALUES (?, 'payment', ?, 1, 'PROCESSING', ?, ?, ?, ?, ?)");
+	s->ins_pay =
 	    prepare(m, "INSERT INTO payments (id, merchant_id, merchant_order_no, amount,"
 	               " currency, channel, description, metadata, status, refunded_amount,"
 	               " fingerprint, created_at, updated_at)"
 	               " VALUES (?, ?, ?, 1000, 'CNY', ?, NULL, NULL, 'processing', 0, ?, ?, ?)");
-	upd_rec =
+	s->upd_rec =
 	    prepare(m, "UPDATE idem_records SET version = version + 1, status = 'SUCCEEDED',"
 	               " http_status = 201, response = ?, owner = NULL, lease_until = NULL,"
 	               " completed_at = ? WHERE id = ? AND owner = ? AND status = 'PROCESSING'");
-	if (!ins_rec || !ins_pay || !upd_rec)
+	return s->ins_rec && s->ins_pay && s->upd_rec ? 0 : -1;
+}
+
+/* Unit c->units in one transaction: the record PROCESSING, the payment
+ * row, the record SUCCEEDED, COMMIT. */
+static int write_unit(client *c, session *s, const char *run)
+{
+	static const char fp[] = "3f1c0a5e9b7d2468ace13579bdf02468ace13579bdf02468ace13579bdf02468";
+	char key[64], id[64], owner[32], resp[600];
+	unsigned long l[8];
+	long long now = wall_ms(), lease = now + 30000, exp = now + 86400000, rid;
+	MYSQL_BIND b[8];
+
+	snprintf(key, sizeof(key), "raw%s-%llu", run, (unsigned long long)c->units);
+	snprintf(id, sizeof(id), "pay_raw%s%012llx", run, (unsigned long long)c->units);
+	snprintf(owner, sizeof(owner), "o%llu", (unsigned long long)c->units);
+	snprintf(resp, sizeof(resp),
+	         "{\"id\":\"%s\",\"object\":\"payment\",\"merchant_order_no\":\"%s\","
+	         "\"amount\":1000,\"currency\":\"CNY\",\"channel\":\"%s\",\"status\":"
+	         "\"processing\",\"refunded_amount\":0,\"created_at\":\"2026-01-01T00:00:00Z\","
+	         "\"updated_at\":\"2026-01-01T00:00:00Z\"}",
+	         id, key, c->channel);
+	bind_text(&b[0], c->merchant, &l[0]);
+	bind_text(&b[1], key, &l[1]);
+	bind_text(&b[2], fp, &l[2]);
+	bind_text(&b[3], owner, &l[3]);
+	bind_int(&b[4], &lease);
+	bind_int(&b[5], &now);
+	bind_int(&b[6], &exp);
+	if (run_stmt(s->ins_rec, b) < 0)
+		return -1;
+	rid = (long long)mysql_stmt_insert_id(s->ins_rec);
+	bind_text(&b[0], id, &l[0]);
+	bind_text(&b[1], c->merchant, &l[1]);
+	bind_text(&b[2], key, &l[2]);
+	bind_text(&b[3], c->channel, &l[3]);
+	bind_text(&b[4], fp, &l[4]);
+	bind_int(&b[5], &now);
+	bind_int(&b[6], &now);
+	if (run_stmt(s->ins_pay, b) < 0)
+		return -1;
+	bind_blob(&b[0], resp, &l[0]);
+	bind_int(&b[1], &now);
+	bind_int(&b[2], &rid);
+	bind_text(&b[3], owner, &l[3]);
+	if (run_stmt(s->upd_rec, b) < 0)
+		return -1;
+	if (mysql_commit(s->m) != 0) {
+		fprintf(stderr, "raw-mariadb: commit: %s\n", mysql_error(s->m));
+		return -1;
+	}
+	return 0;
+}
+
+/* A client thread: units until the deadline; c->failed unless it got there. */
+static void *client_main(void *arg)
+{
+	client *c = arg;
+	session s = {connect_to(c->url), NULL, NULL, NULL};
+	char run[24];
+
+	c->failed = 1;
+	if (!s.m)
+		return NULL;
+	if (prepare_statements(&s) < 0)
 		goto done;
 	snprintf(run, sizeof(run), "%llx%02x", (unsigned long long)(now_ns() & 0xffffffffff),
 	         c->index & 0xff);
 	while (now_ns() < c->deadline) {
-		char key[64], id[64], owner[32], resp[600];
-		unsigned long l[8];
-		long long now = wall_ms(), lease = now + 30000, exp = now + 86400000, rid;
-		MYSQL_BIND b[8];
-
-		snprintf(key, sizeof(key), "raw%s-%llu", run, (unsigned long long)c->units);
-		snprintf(id, sizeof(id), "pay_raw%s%012llx", run, (unsigned long long)c->units);
-		snprintf(owner, sizeof(owner), "o%llu", (unsigned long long)c->units);
-		snprintf(
-		    resp, sizeof(resp),
-		    "{\"id\":\"%s\",\"object\":\"payment\",\"merchant_order_no\":\"%s\","
-		    "\"amount\":1000,\"currency\":\"CNY\",\"channel\":\"%s\",\"status\":"
-		    "\"processing\",\"refunded_amount\":0,\"created_at\":\"2026-01-01T00:00:00Z\","
-		    "\"updated_at\":\"2026-01-01T00:00:00Z\"}",
-		    id, key, c->channel);
-		bind_text(&b[0], c->merchant, &l[0]);
-		bind_text(&b[1], key, &l[1]);
-		bind_text(&b[2], fp, &l[2]);
-		bind_text(&b[3], owner, &l[3]);
-		bind_int(&b[4], &lease);
-		bind_int(&b[5], &now);
-		bind_int(&b[6], &exp);
-		if (run_stmt(ins_rec, b) < 0)
+		if (write_unit(c, &s, run) < 0)
 			goto done;
-		rid = (long long)mysql_stmt_insert_id(ins_rec);
-		bind_text(&b[0], id, &l[0]);
-		bind_text(&b[1], c->merchant, &l[1]);
-		bind_text(&b[2], key, &l[2]);
-		bind_text(&b[3], c->channel, &l[3]);
-		bind_text(&b[4], fp, &l[4]);
-		bind_int(&b[5], &now);
-		bind_int(&b[6], &now);
-		if (run_stmt(ins_pay, b) < 0)
-			goto done;
-		bind_blob(&b[0], resp, &l[0]);
-		bind_int(&b[1], &now);
-		bind_int(&b[2], &rid);
-		bind_text(&b[3], owner, &l[3]);
-		if (run_stmt(upd_rec, b) < 0)
-			goto done;
-		if (mysql_commit(m) != 0) {
-			fprintf(stderr, "raw-mariadb: commit: %s\n", mysql_error(m));
-			goto done;
-		}
 		c->units++;
 	}
 	c->failed = 0;
 done:
-	if (ins_rec)
-		mysql_stmt_close(ins_rec);
-	if (ins_pay)
-		mysql_stmt_close(ins_pay);
-	if (upd_rec)
-		mysql_stmt_close(upd_rec);
-	mysql_close(m);
+	if (s.ins_rec)
+		mysql_stmt_close(s.ins_rec);
+	if (s.ins_pay)
+		mysql_stmt_close(s.ins_pay);
+	if (s.upd_rec)
+		mysql_stmt_close(s.upd_rec);
+	mysql_close(s.m);
 	return NULL;
 }
 
@@ -284,94 +305,127 @@ static int first_text(MYSQL *m, const char *sql, char *out, size_t outlen)
 	return rc;
 }
 
-int main(int argc, char **argv)
-{
-	static client cs[512];
-	pthread_t tids[512];
-	my_url url;
-	const char *db = NULL;
-	long clients = 8, dur_s = 5;
-	int json = 0, started = 0, failed = 0, exit_code = 1;
-	char merchant[64], channel[64];
-	uint64_t t0, t1, total = 0;
-	MYSQL *m;
+typedef struct {
+	const char *db;
+	long clients, dur_s;
+	int json;
+} options;
 
+/* 0, or -1 for the usage. */
+static int parse_options(options *o, int argc, char **argv)
+{
 	for (int i = 1; i < argc; i++) {
 		char *end = NULL;
 		long v;
 
 		if (strcmp(argv[i], "--json") == 0) {
-			json = 1;
+			o->json = 1;
 			continue;
 		}
 		if (i + 1 >= argc)
-			goto usage;
+			return -1;
 		if (strcmp(argv[i], "--db") == 0) {
-			db = argv[++i];
+			o->db = argv[++i];
 			continue;
 		}
 		errno = 0;
 		v = strtol(argv[i + 1], &end, 10);
 		if (errno || *end || v < 1)
-			goto usage;
+			return -1;
 		if (strcmp(argv[i], "--clients") == 0 && v <= 512)
-			clients = v;
+			o->clients = v;
 		else if (strcmp(argv[i], "--duration") == 0 && v <= 3600)
-			dur_s = v;
+			o->dur_s = v;
 		else
-			goto usage;
+			return -1;
 		i++;
 	}
-	if (!db || url_parse(&url, db) < 0)
-		goto usage;
-	if (mysql_library_init(0, NULL, NULL) != 0)
-		return 1;
-	if (!(m = connect_to(&url)))
-		goto done;
-	if (first_text(m, "SELECT id FROM merchants ORDER BY created_at LIMIT 1", merchant,
-	               sizeof(merchant)) < 0 ||
-	    first_text(m, "SELECT name FROM channels LIMIT 1", channel, sizeof(channel)) < 0) {
+	return o->db ? 0 : -1;
+}
+
+/* The merchant and channel `idemctl demo` made, for every unit to refer to. */
+typedef struct {
+	char merchant[64], channel[64];
+} demo_rows;
+
+static int find_demo_rows(const my_url *url, demo_rows *d)
+{
+	static const char merchant_sql[] = "SELECT id FROM merchants ORDER BY created_at LIMIT 1";
+	static const char channel_sql[] = "SELECT name FROM channels LIMIT 1";
+	MYSQL *m = connect_to(url);
+	int rc = -1;
+
+	if (!m)
+		return -1;
+	if (first_text(m, merchant_sql, d->merchant, sizeof(d->merchant)) < 0 ||
+	    first_text(m, channel_sql, d->channel, sizeof(d->channel)) < 0)
 		fprintf(stderr, "raw-mariadb: no merchant or channel: run idemctl demo first\n");
-		mysql_close(m);
-		goto done;
-	}
+	else
+		rc = 0;
 	mysql_close(m);
-	t0 = now_ns();
-	for (long i = 0; i < clients; i++) {
-		cs[i].url = &url;
+	return rc;
+}
+
+/* The clients on their threads until the deadline; the units they wrote
+ * in *total, -1 when one failed or could not start. */
+static int run_clients(const options *o, const my_url *url, const demo_rows *d, uint64_t t0,
+                       uint64_t *total)
+{
+	static client cs[512];
+	pthread_t tids[512];
+	int started = 0, failed = 0;
+
+	for (long i = 0; i < o->clients; i++) {
+		cs[i].url = url;
 		cs[i].index = (int)i;
-		cs[i].deadline = t0 + (uint64_t)dur_s * 1000000000u;
-		snprintf(cs[i].merchant, sizeof(cs[i].merchant), "%s", merchant);
-		snprintf(cs[i].channel, sizeof(cs[i].channel), "%s", channel);
+		cs[i].deadline = t0 + (uint64_t)o->dur_s * 1000000000u;
+		snprintf(cs[i].merchant, sizeof(cs[i].merchant), "%s", d->merchant);
+		snprintf(cs[i].channel, sizeof(cs[i].channel), "%s", d->channel);
 		if (pthread_create(&tids[i], NULL, client_main, &cs[i]) != 0)
 			break;
 		started++;
 	}
 	for (int i = 0; i < started; i++) {
 		pthread_join(tids[i], NULL);
-		total += cs[i].units;
+		*total += cs[i].units;
 		failed += cs[i].failed;
 	}
-	t1 = now_ns();
-	if (failed || started < clients)
-		goto done;
-	{
-		double secs = (double)(t1 - t0) / 1e9, rate = (double)total / secs;
+	return failed || started < o->clients ? -1 : 0;
+}
 
-		if (json)
-			printf("{\"label\":\"raw-mariadb\",\"clients\":%ld,\"requests\":%llu,"
-			       "\"seconds\":%.3f,\"rps\":%.1f}\n",
-			       clients, (unsigned long long)total, secs, rate);
-		else
-			printf("raw-mariadb: %llu units on %ld clients in %.2f s: %.0f/s\n",
-			       (unsigned long long)total, clients, secs, rate);
+int main(int argc, char **argv)
+{
+	options o = {.clients = 8, .dur_s = 5};
+	my_url url;
+	demo_rows d;
+	uint64_t t0, t1, total = 0;
+	double secs;
+	int exit_code = 1;
+
+	if (parse_options(&o, argc, argv) < 0 || url_parse(&url, o.db) < 0) {
+		fprintf(stderr,
+		        "usage: raw-mariadb --db mysql://user:pass@host:port/db [--clients N]"
+		        " [--duration SEC] [--json]\n");
+		return 2;
 	}
+	if (mysql_library_init(0, NULL, NULL) != 0)
+		return 1;
+	if (find_demo_rows(&url, &d) < 0)
+		goto done;
+	t0 = now_ns();
+	if (run_clients(&o, &url, &d, t0, &total) < 0)
+		goto done;
+	t1 = now_ns();
+	secs = (double)(t1 - t0) / 1e9;
+	if (o.json)
+		printf("{\"label\":\"raw-mariadb\",\"clients\":%ld,\"requests\":%llu,"
+		       "\"seconds\":%.3f,\"rps\":%.1f}\n",
+		       o.clients, (unsigned long long)total, secs, (double)total / secs);
+	else
+		printf("raw-mariadb: %llu units on %ld clients in %.2f s: %.0f/s\n",
+		       (unsigned long long)total, o.clients, secs, (double)total / secs);
 	exit_code = 0;
 done:
 	mysql_library_end();
 	return exit_code;
-usage:
-	fprintf(stderr, "usage: raw-mariadb --db mysql://user:pass@host:port/db [--clients N]"
-	                " [--duration SEC] [--json]\n");
-	return 2;
 }

@@ -273,7 +273,49 @@ static int apply(server_config *c, opt_id id, const char *v, const char *from)
 	return bad ? -1 : 0;
 }
 
-static int configure(server_config *c, int argc, char **argv)
+/* The built-in values, before the environment and the flags. */
+static void set_defaults(server_config *c)
+{
+	snprintf(c->listen, sizeof(c->listen), "127.0.0.1:8080");
+	snprintf(c->db, sizeof(c->db), "sqlite:idem.db");
+	c->threads = 8;
+	c->ttl_ms = 24LL * 3600 * 1000;
+	c->log_format = LOG_TEXT;
+	c->max_connections = 1024;
+	c->conn_timeout_s = 30;
+	c->request_timeout_s = 30;
+	c->max_connections_per_ip = 256;
+	c->synchronous_full = 1;
+	/* A locked store must become a 503 within seconds, not minutes: each
+	 * attempt waits up to the busy timeout, and there are 1 + retries. */
+	c->busy_timeout_ms = 2000;
+	c->max_retries = 3;
+	c->batch_max = 64;
+	c->batch_wait_us = 0;
+	c->writers = 4;
+	c->queue_timeout_ms = 5000;
+	c->cache_mb = 64;
+	c->cache_entries = 200000;
+	c->channel_workers = 8;
+	c->channel_queue = 1024;
+	c->sweep_interval_ms = 10000;
+	c->sweep_age_ms = 30000;
+}
+
+/* The IDEM_* variables that are set and not empty; 2 on a bad value. */
+static int read_environment(server_config *c)
+{
+	for (size_t i = 0; i < sizeof(env_names) / sizeof(env_names[0]); i++) {
+		const char *v = getenv(env_names[i].env);
+
+		if (v && *v && apply(c, env_names[i].id, v, env_names[i].env) < 0)
+			return 2;
+	}
+	return 0;
+}
+
+/* The command line: 0, 1 when --help was printed, 2 on bad usage. */
+static int read_flags(server_config *c, int argc, char **argv)
 {
 	static const struct option longopts[] = {
 	    {"listen", required_argument, NULL, OPT_LISTEN},
@@ -307,37 +349,6 @@ static int configure(server_config *c, int argc, char **argv)
 	};
 	int opt;
 
-	snprintf(c->listen, sizeof(c->listen), "127.0.0.1:8080");
-	snprintf(c->db, sizeof(c->db), "sqlite:idem.db");
-	c->threads = 8;
-	c->ttl_ms = 24LL * 3600 * 1000;
-	c->log_format = LOG_TEXT;
-	c->max_connections = 1024;
-	c->conn_timeout_s = 30;
-	c->request_timeout_s = 30;
-	c->max_connections_per_ip = 256;
-	c->synchronous_full = 1;
-	/* A locked store must become a 503 within seconds, not minutes: each
-	 * attempt waits up to the busy timeout, and there are 1 + retries. */
-	c->busy_timeout_ms = 2000;
-	c->max_retries = 3;
-	c->batch_max = 64;
-	c->batch_wait_us = 0;
-	c->writers = 4;
-	c->queue_timeout_ms = 5000;
-	c->cache_mb = 64;
-	c->cache_entries = 200000;
-	c->channel_workers = 8;
-	c->channel_queue = 1024;
-	c->sweep_interval_ms = 10000;
-	c->sweep_age_ms = 30000;
-	/* The environment first, so flags override it. */
-	for (size_t i = 0; i < sizeof(env_names) / sizeof(env_names[0]); i++) {
-		const char *v = getenv(env_names[i].env);
-
-		if (v && *v && apply(c, env_names[i].id, v, env_names[i].env) < 0)
-			return 2;
-	}
 	while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
 		if (opt == 'h') {
 			usage(stdout);
@@ -357,6 +368,18 @@ static int configure(server_config *c, int argc, char **argv)
 		return 2;
 	}
 	return 0;
+}
+
+/* The defaults, then the environment, then the flags, so flags override it.
+ * 0, 1 when --help was printed, 2 on bad usage. */
+static int configure(server_config *c, int argc, char **argv)
+{
+	int rc;
+
+	set_defaults(c);
+	if ((rc = read_environment(c)) != 0)
+		return rc;
+	return read_flags(c, argc, argv);
 }
 
 /* The channel secrets' key: from --secret-key-file, checked against the store. */
@@ -380,127 +403,204 @@ static int use_secret_key(idem_pay *pay)
 	return rc;
 }
 
-int main(int argc, char **argv)
-{
+/* What idemd holds while it runs: opened in main's order, closed by
+ * close_all in reverse. */
+typedef struct {
 	server_config cfg;
-	idem_store_opts so = IDEM_STORE_OPTS_INIT;
-	idem_pay_opts po = IDEM_PAY_OPTS_INIT;
-	server_state st = {0};
-	http_server *http = NULL;
-	idem_stats_flusher *stats[MAX_SHARDS] = {NULL};
-	idem_store *stores[MAX_SHARDS] = {NULL};
-	int nstores = nshard_db > 1 ? nshard_db : 1;
-	sigset_t sigs;
-	char err[256];
-	int rc, sig = 0, exit_code = 1;
+	server_state st; /* borrowed by the HTTP server until it stops */
+	idem_store *stores[MAX_SHARDS];
+	idem_stats_flusher *stats[MAX_SHARDS];
+	int nstores;
+	http_server *http;
+	sigset_t sigs; /* SIGINT and SIGTERM, taken by sigwait */
+} idemd;
 
-	memset(&cfg, 0, sizeof(cfg));
-	if ((rc = configure(&cfg, argc, argv)) != 0)
-		return rc == 1 ? 0 : rc;
-	/*
-	 * glibc gives a thread arena's free top back to the kernel as soon as it
-	 * passes 128 KiB. SQLite frees pages at every SAVEPOINT/RELEASE, so the
-	 * group-commit writer paid an madvise and a TLB shootdown on both cores
-	 * several times per unit: perf put 16 % of idemd's time there and first
-	 * requests ran 1.7x faster without it (docs/benchmarks.md). Keep up to
-	 * 64 MiB per arena instead; a service's memory is meant to be reused.
-	 */
+/*
+ * glibc gives a thread arena's free top back to the kernel as soon as it
+ * passes 128 KiB. SQLite frees pages at every SAVEPOINT/RELEASE, so the
+ * group-commit writer paid an madvise and a TLB shootdown on both cores
+ * several times per unit: perf put 16 % of idemd's time there and first
+ * requests ran 1.7x faster without it (docs/benchmarks.md). Keep up to
+ * 64 MiB per arena instead; a service's memory is meant to be reused.
+ */
+static void keep_freed_memory(void)
+{
 	mallopt(M_TRIM_THRESHOLD, 64 << 20);
-	log_init(cfg.log_format);
+}
 
-	/* Signals are taken by sigwait in this thread only. */
-	sigemptyset(&sigs);
-	sigaddset(&sigs, SIGINT);
-	sigaddset(&sigs, SIGTERM);
-	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+/* Signals are taken by sigwait in the main thread only. They are blocked
+ * before the stores, the payment domain and the listener start threads of
+ * their own, which inherit the mask (the log's flusher blocks all itself). */
+static void block_signals(sigset_t *sigs)
+{
+	sigemptyset(sigs);
+	sigaddset(sigs, SIGINT);
+	sigaddset(sigs, SIGTERM);
+	pthread_sigmask(SIG_BLOCK, sigs, NULL);
 	signal(SIGPIPE, SIG_IGN);
+}
 
-	so.synchronous_full = cfg.synchronous_full;
-	so.busy_timeout_ms = cfg.busy_timeout_ms;
-	so.max_retries = cfg.max_retries;
-	so.batch_max = cfg.batch_max;
-	so.batch_wait_us = cfg.batch_wait_us;
-	so.writers = cfg.writers;
-	so.queue_timeout_ms = cfg.queue_timeout_ms;
+/* Shard i is the i-th --db; a store of its own each (schema migrated). */
+static int open_stores(idemd *d)
+{
+	const server_config *c = &d->cfg;
+	idem_store_opts so = IDEM_STORE_OPTS_INIT;
+	int rc;
+
+	so.synchronous_full = c->synchronous_full;
+	so.busy_timeout_ms = c->busy_timeout_ms;
+	so.max_retries = c->max_retries;
+	so.batch_max = c->batch_max;
+	so.batch_wait_us = c->batch_wait_us;
+	so.writers = c->writers;
+	so.queue_timeout_ms = c->queue_timeout_ms;
 	so.request_timeout_ms = request_deadline_ms;
-	so.cache_bytes = (size_t)cfg.cache_mb << 20;
-	so.cache_entries = (size_t)cfg.cache_entries;
-	so.default_ttl_ms = cfg.ttl_ms;
-	nstores = nshard_db > 1 ? nshard_db : 1;
-	/* Shard i is the i-th --db; a store of its own each (schema migrated). */
-	for (int i = 0; i < nstores; i++)
-		if ((rc = idem_store_open(&stores[i], i == 0 ? cfg.db : shard_db[i], &so)) < 0) {
+	so.cache_bytes = (size_t)c->cache_mb << 20;
+	so.cache_entries = (size_t)c->cache_entries;
+	so.default_ttl_ms = c->ttl_ms;
+	d->nstores = nshard_db > 1 ? nshard_db : 1;
+	for (int i = 0; i < d->nstores; i++) {
+		const char *url = i == 0 ? c->db : shard_db[i];
+
+		if ((rc = idem_store_open(&d->stores[i], url, &so)) < 0) {
 			log_msg("error", "cannot open store%s: %s: %s", i ? " (shard)" : "",
 			        idem_strerror(rc), idem_error_last()->message);
-			goto done;
+			return rc;
 		}
-	st.store = stores[0]; /* /healthz and /metrics read shard 0's */
-	po.ttl_ms = cfg.ttl_ms;
-	po.mock_channel_delay_ms = cfg.mock_channel_delay_ms;
-	po.channel_workers = cfg.channel_workers;
-	po.channel_queue = cfg.channel_queue;
-	if (!cfg.public_url[0])
-		snprintf(cfg.public_url, sizeof(cfg.public_url), "http://%s", cfg.listen);
-	po.public_url = cfg.public_url;
-	if ((rc = idem_pay_open_shards(&st.pay, stores, nstores, &po)) < 0) {
-		log_msg("error", "cannot start: %s", idem_error_last()->message);
-		goto done;
 	}
-	if (use_secret_key(st.pay) < 0)
-		goto done;
+	d->st.store = d->stores[0]; /* /healthz and /metrics read shard 0's */
+	return 0;
+}
+
+/* The payment domain over every shard, with the channel secrets' key. */
+static int open_payments(idemd *d)
+{
+	server_config *c = &d->cfg;
+	idem_pay_opts po = IDEM_PAY_OPTS_INIT;
+	int rc;
+
+	po.ttl_ms = c->ttl_ms;
+	po.mock_channel_delay_ms = c->mock_channel_delay_ms;
+	po.channel_workers = c->channel_workers;
+	po.channel_queue = c->channel_queue;
+	if (!c->public_url[0])
+		snprintf(c->public_url, sizeof(c->public_url), "http://%s", c->listen);
+	po.public_url = c->public_url;
+	if ((rc = idem_pay_open_shards(&d->st.pay, d->stores, d->nstores, &po)) < 0) {
+		log_msg("error", "cannot start: %s", idem_error_last()->message);
+		return rc;
+	}
+	return use_secret_key(d->st.pay);
+}
+
+/* The sweeper, the transfer driver and the stats flushers. */
+static int start_background_threads(idemd *d)
+{
+	const server_config *c = &d->cfg;
+	idem_pay *pay = d->st.pay;
+
 	/* Payments left 'creating' by lost channel answers or dead instances. */
-	if (cfg.sweep_interval_ms > 0 &&
-	    idem_pay_sweeper_start(st.pay, cfg.sweep_interval_ms, cfg.sweep_age_ms) < 0) {
+	if (c->sweep_interval_ms > 0 &&
+	    idem_pay_sweeper_start(pay, c->sweep_interval_ms, c->sweep_age_ms) < 0) {
 		log_msg("error", "cannot start the sweeper: %s", idem_error_last()->message);
-		goto done;
+		return -1;
 	}
 	/* Transfers between shards: pending outbox rows, from any instance. */
-	if (nstores > 1 && transfer_drive_ms > 0 &&
-	    idem_pay_transfer_driver_start(st.pay, transfer_drive_ms, transfer_step_delay_ms) < 0) {
+	if (d->nstores > 1 && transfer_drive_ms > 0 &&
+	    idem_pay_transfer_driver_start(pay, transfer_drive_ms, transfer_step_delay_ms) < 0) {
 		log_msg("error", "cannot start the transfer driver: %s",
 		        idem_error_last()->message);
-		goto done;
+		return -1;
 	}
 	/* Outcome counters go to the store every few seconds, so that
 	 * `idemctl stats` sees every instance (never a write per request). */
-	for (int i = 0; i < nstores; i++)
-		if (idem_stats_flusher_start(&stats[i], stores[i], NULL) < 0)
+	for (int i = 0; i < d->nstores; i++)
+		if (idem_stats_flusher_start(&d->stats[i], d->stores[i], NULL) < 0)
 			log_msg("warn", "stats flusher not started: %s",
 			        idem_error_last()->message);
-	st.cfg = &cfg;
-	if (http_start(&http, &st, err, sizeof(err)) < 0) {
+	return 0;
+}
+
+/* The listener, last: requests arrive only once everything they use runs. */
+static int start_http(idemd *d)
+{
+	const server_config *c = &d->cfg;
+	char err[256];
+
+	d->st.cfg = c;
+	if (http_start(&d->http, &d->st, err, sizeof(err)) < 0) {
 		log_msg("error", "%s", err);
-		goto done;
+		return -1;
 	}
 	log_msg("info",
 	        "idemd %s listening on %s (port %d), store %s, <= %d connections, ttl %llds, "
 	        "batch %d, cache %d MiB%s%s",
-	        IDEM_VERSION, cfg.listen, http_port(http), idem_store_backend(st.store),
-	        cfg.max_connections, (long long)(cfg.ttl_ms / 1000), cfg.batch_max, cfg.cache_mb,
-	        cfg.synchronous_full ? "" : ", synchronous=NORMAL", nstores > 1 ? ", sharded" : "");
-	if (nstores > 1)
-		log_msg("info", "%d shards by merchant (docs/scaling.md)", nstores);
-	if (sigwait(&sigs, &sig) != 0)
+	        IDEM_VERSION, c->listen, http_port(d->http), idem_store_backend(d->st.store),
+	        c->max_connections, (long long)(c->ttl_ms / 1000), c->batch_max, c->cache_mb,
+	        c->synchronous_full ? "" : ", synchronous=NORMAL",
+	        d->nstores > 1 ? ", sharded" : "");
+	if (d->nstores > 1)
+		log_msg("info", "%d shards by merchant (docs/scaling.md)", d->nstores);
+	return 0;
+}
+
+/* Until SIGINT or SIGTERM; then the requests in flight finish, or the
+ * process exits at once without cleaning up. */
+static void serve_until_signal(idemd *d)
+{
+	int rc, sig = 0;
+
+	if (sigwait(&d->sigs, &sig) != 0)
 		sig = 0;
 	log_msg("info", "signal %d: finishing in-flight requests", sig);
 	/* Store calls are bounded (busy timeout, then the connection is given up),
 	 * so in-flight requests end well within this. */
-	if ((rc = http_stop(http, 60000)) > 0) {
+	if ((rc = http_stop(d->http, 60000)) > 0) {
 		log_msg("error",
 		        "%d request(s) still in flight after 60 s; exiting without "
 		        "cleanup (nothing unanswered was acknowledged)",
 		        rc);
 		_exit(1);
 	}
-	http = NULL;
+	d->http = NULL;
+}
+
+/* Whatever was opened, in reverse; what was not is NULL, which is fine. */
+static void close_all(idemd *d)
+{
+	http_stop(d->http, 0);
+	for (int i = 0; i < d->nstores; i++) /* a last flush after the last request */
+		idem_stats_flusher_stop(d->stats[i]);
+	idem_pay_close(d->st.pay);
+	for (int i = 0; i < d->nstores; i++)
+		idem_store_close(d->stores[i]);
+}
+
+int main(int argc, char **argv)
+{
+	idemd d;
+	int rc, exit_code = 1;
+
+	memset(&d, 0, sizeof(d));
+	if ((rc = configure(&d.cfg, argc, argv)) != 0)
+		return rc == 1 ? 0 : rc;
+	keep_freed_memory();
+	log_init(d.cfg.log_format);
+	block_signals(&d.sigs);
+	/* The stores before the listener: nothing is served from a store that
+	 * could not be opened or migrated. */
+	if (open_stores(&d) < 0)
+		goto done;
+	if (open_payments(&d) < 0)
+		goto done;
+	if (start_background_threads(&d) < 0)
+		goto done;
+	if (start_http(&d) < 0)
+		goto done;
+	serve_until_signal(&d);
 	exit_code = 0;
 done:
-	http_stop(http, 0);
-	for (int i = 0; i < nstores; i++) /* a last flush after the last request */
-		idem_stats_flusher_stop(stats[i]);
-	idem_pay_close(st.pay);
-	for (int i = 0; i < nstores; i++)
-		idem_store_close(stores[i]);
+	close_all(&d);
 	if (exit_code == 0)
 		log_msg("info", "stopped");
 	return exit_code;

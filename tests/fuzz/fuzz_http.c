@@ -65,44 +65,43 @@ static void run(server_state *s, http_req *r, const char *method, const char *pa
 		fuzz_fail("answer status out of range");
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+/* The query string q into r's fields, percent-decoded in place. */
+static void parse_query(http_req *r, char *q)
 {
-	fuzz_env *e = fuzz_env_get();
-	server_state s = {e->store, e->pay, NULL};
-	size_t len;
-	char *buf = fuzz_subst(data, size, &len), *end = buf + len, *p = buf, *line, *sp, *q;
-	char sig[65], *method, *path;
-	http_req *r = calloc(1, sizeof(*r));
-	http_answer a = {0}, b = {0};
-	const char *auth;
-	size_t alen = 0, n;
-	int authed, again;
+	while (q && *q && r->nquery < GLUE_MAX_FIELDS) {
+		char *amp = strchr(q, '&'), *eq;
+		size_t vlen = 0;
 
-	if (!r)
-		fuzz_fail("out of memory");
-	if (!(line = next_line(&p, end, &n)) || !(sp = strchr(line, ' ')))
-		goto done;
-	*sp = '\0';
-	method = line;
-	path = sp + 1;
-	if ((q = strchr(path, '?'))) {
-		*q++ = '\0';
-		while (q && *q && r->nquery < GLUE_MAX_FIELDS) {
-			char *amp = strchr(q, '&'), *eq;
-			size_t vlen = 0;
-
-			if (amp)
-				*amp++ = '\0';
-			if ((eq = strchr(q, '='))) {
-				*eq++ = '\0';
-				vlen = MHD_http_unescape(eq);
-			} else {
-				eq = "";
-			}
-			MHD_http_unescape(q);
-			r->query[r->nquery++] = (glue_field){q, eq, vlen};
-			q = amp;
+		if (amp)
+			*amp++ = '\0';
+		if ((eq = strchr(q, '='))) {
+			*eq++ = '\0';
+			vlen = MHD_http_unescape(eq);
+		} else {
+			eq = "";
 		}
+		MHD_http_unescape(q);
+		r->query[r->nquery++] = (glue_field){q, eq, vlen};
+		q = amp;
+	}
+}
+
+/* The input [p, end) into r: the request line (*method and *path point into
+ * it), the query, the headers up to the empty line, the rest the body.
+ * -1 when there is no request line. */
+static int parse_request(http_req *r, char *p, char *end, char **method, char **path)
+{
+	char *line, *sp, *q;
+	size_t n;
+
+	if (!(line = next_line(&p, end, &n)) || !(sp = strchr(line, ' ')))
+		return -1;
+	*sp = '\0';
+	*method = line;
+	*path = sp + 1;
+	if ((q = strchr(*path, '?'))) {
+		*q++ = '\0';
+		parse_query(r, q);
 	}
 	while ((line = next_line(&p, end, &n)) && n && r->nheaders < GLUE_MAX_FIELDS) {
 		char *colon = memchr(line, ':', n);
@@ -114,66 +113,110 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	}
 	r->body = p < end ? p : "";
 	r->body_len = p < end ? (size_t)(end - p) : 0;
-	sign(e, r->body, r->body_len, sig);
+	return 0;
+}
+
+/* "X-Signature: @SIG@" becomes sig, the body's right signature. */
+static void put_signature(http_req *r, const char *sig)
+{
 	for (int i = 0; i < r->nheaders; i++)
 		if (strcasecmp(r->headers[i].name, "X-Signature") == 0 && r->headers[i].len == 5 &&
 		    memcmp(r->headers[i].value, "@SIG@", 5) == 0) {
 			r->headers[i].value = sig;
 			r->headers[i].len = 64;
 		}
+}
 
+/* Every /v1/ route but the callbacks takes the merchant's key: exactly its
+ * bytes (optional whitespace around them aside), a NUL and what follows it
+ * included. */
+static void check_bearer(const fuzz_env *e, http_req *r, const char *path, int authed)
+{
+	size_t alen = 0;
+	const char *auth = req_header(r, "Authorization", &alen);
+
+	if (!authed || strncmp(path, "/v1/", 4) != 0 ||
+	    strncmp(path, "/v1/notifications/", 18) == 0)
+		return;
+	while (auth && alen && (*auth == ' ' || *auth == '\t'))
+		auth++, alen--;
+	if (!auth || alen < 7 || strncasecmp(auth, "Bearer ", 7) != 0)
+		fuzz_fail("bearer route ran without Authorization: Bearer");
+	auth += 7;
+	alen -= 7;
+	while (alen && (*auth == ' ' || *auth == '\t'))
+		auth++, alen--;
+	while (alen && (auth[alen - 1] == ' ' || auth[alen - 1] == '\t'))
+		alen--;
+	if (alen != strlen(e->api_key) || memcmp(auth, e->api_key, alen) != 0)
+		fuzz_fail("authenticated with a key that is not the merchant's");
+}
+
+/* A callback accepted carried the channel's signature of its body. */
+static void check_callback_signature(const fuzz_env *e, http_req *r, const char *method,
+                                     const char *path, const http_answer *a, const char *sig)
+{
+	size_t hlen = 0;
+	const char *hs;
+
+	if (strcmp(method, "POST") != 0 || strncmp(path, "/v1/notifications/", 18) != 0 ||
+	    a->status < 200 || a->status >= 300)
+		return;
+	hs = req_header(r, "X-Signature", &hlen);
+	while (hs && hlen && (*hs == ' ' || *hs == '\t'))
+		hs++, hlen--;
+	while (hs && hlen && (hs[hlen - 1] == ' ' || hs[hlen - 1] == '\t'))
+		hlen--;
+	if (strcmp(path + 18, e->channel) != 0 || !hs || hlen != 64 ||
+	    strncasecmp(hs, sig, 64) != 0)
+		fuzz_fail("callback accepted without the channel's signature");
+}
+
+/* A 2xx write sent once more must replay the same answer. */
+static void check_replay(server_state *s, http_req *r, const char *method, const char *path,
+                         const http_answer *a)
+{
+	http_answer b = {0};
+	http_req *r2;
+	int again;
+
+	if (strcmp(method, "POST") != 0 || a->status < 200 || a->status >= 300)
+		return;
+	if (!(r2 = calloc(1, sizeof(*r2))))
+		fuzz_fail("out of memory");
+	memcpy(r2->headers, r->headers, sizeof(r->headers));
+	r2->nheaders = r->nheaders;
+	memcpy(r2->query, r->query, sizeof(r->query));
+	r2->nquery = r->nquery;
+	r2->body = r->body;
+	r2->body_len = r->body_len;
+	run(s, r2, method, path, &b, &again);
+	if (b.status != a->status || b.len != a->len || (a->len && memcmp(a->body, b.body, a->len)))
+		fuzz_fail("retried write did not replay");
+	free(b.body);
+	free(r2);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	fuzz_env *e = fuzz_env_get();
+	server_state s = {e->store, e->pay, NULL};
+	size_t len;
+	char *buf = fuzz_subst(data, size, &len), sig[65], *method, *path;
+	http_req *r = calloc(1, sizeof(*r));
+	http_answer a = {0};
+	int authed;
+
+	if (!r)
+		fuzz_fail("out of memory");
+	if (parse_request(r, buf, buf + len, &method, &path) < 0)
+		goto done;
+	sign(e, r->body, r->body_len, sig);
+	put_signature(r, sig);
 	run(&s, r, method, path, &a, &authed);
-	auth = req_header(r, "Authorization", &alen);
-	/* Every /v1/ route but the callbacks takes the merchant's key: exactly
-	 * its bytes (optional whitespace around them aside), a NUL and what
-	 * follows it included. */
-	if (authed && strncmp(path, "/v1/", 4) == 0 &&
-	    strncmp(path, "/v1/notifications/", 18) != 0) {
-		while (auth && alen && (*auth == ' ' || *auth == '\t'))
-			auth++, alen--;
-		if (!auth || alen < 7 || strncasecmp(auth, "Bearer ", 7) != 0)
-			fuzz_fail("bearer route ran without Authorization: Bearer");
-		auth += 7;
-		alen -= 7;
-		while (alen && (*auth == ' ' || *auth == '\t'))
-			auth++, alen--;
-		while (alen && (auth[alen - 1] == ' ' || auth[alen - 1] == '\t'))
-			alen--;
-		if (alen != strlen(e->api_key) || memcmp(auth, e->api_key, alen) != 0)
-			fuzz_fail("authenticated with a key that is not the merchant's");
-	}
-	if (strcmp(method, "POST") == 0 && strncmp(path, "/v1/notifications/", 18) == 0 &&
-	    a.status >= 200 && a.status < 300) {
-		size_t hlen = 0;
-		const char *hs = req_header(r, "X-Signature", &hlen);
-
-		while (hs && hlen && (*hs == ' ' || *hs == '\t'))
-			hs++, hlen--;
-		while (hs && hlen && (hs[hlen - 1] == ' ' || hs[hlen - 1] == '\t'))
-			hlen--;
-		if (strcmp(path + 18, e->channel) != 0 || !hs || hlen != 64 ||
-		    strncasecmp(hs, sig, 64) != 0)
-			fuzz_fail("callback accepted without the channel's signature");
-	}
-	if (strcmp(method, "POST") == 0 && a.status >= 200 && a.status < 300) {
-		/* The same request once more must replay the same answer. */
-		http_req *r2 = calloc(1, sizeof(*r2));
-
-		if (!r2)
-			fuzz_fail("out of memory");
-		memcpy(r2->headers, r->headers, sizeof(r->headers));
-		r2->nheaders = r->nheaders;
-		memcpy(r2->query, r->query, sizeof(r->query));
-		r2->nquery = r->nquery;
-		r2->body = r->body;
-		r2->body_len = r->body_len;
-		run(&s, r2, method, path, &b, &again);
-		if (b.status != a.status || b.len != a.len ||
-		    (a.len && memcmp(a.body, b.body, a.len)))
-			fuzz_fail("retried write did not replay");
-		free(b.body);
-		free(r2);
-	}
+	check_bearer(e, r, path, authed);
+	check_callback_signature(e, r, method, path, &a, sig);
+	check_replay(&s, r, method, path, &a);
 	free(a.body);
 done:
 	free(r);

@@ -180,35 +180,25 @@ static void write_request(idem_result *res, idem_pay *pay,
 	assert_int_equal(op(res, pay, &rq), 0);
 }
 
-static void old_database_upgrades_with_its_money(void **state)
+/* The old database at url, as an old idemd left it. */
+static void make_old_database(const char *url)
 {
-	char *url;
 	raw r;
-	idem_store *store;
-	idem_pay *pay;
-	idem_result res = {0};
-	idem_record_info info;
-	char merchant[IDEM_PAY_ID_SIZE];
-	json_t *doc;
-	int version = 0;
 
-	(void)state;
-	if (strcmp(backend, "sqlite") != 0) {
-		(void)test_server_admin_url(backend);
-		setenv("IDEM_TEST_URL", backend, 1);
-	}
-	url = test_db_url();
 	raw_open(&r, url);
 	make_old_schema(&r);
 	fill_old_data(&r);
 	raw_close(&r);
+}
 
-	store = test_store_open(url, NULL); /* migrates */
-	assert_int_equal(idem_store_schema_version(store, &version), 0);
-	assert_true(version > OLD_VERSION);
-	assert_int_equal(idem_pay_open(&pay, store, NULL), 0);
+/* The old key still signs in; the old rows read back unchanged. */
+static void old_rows_read_back(idem_pay *pay, idem_store *store)
+{
+	idem_result res = {0};
+	idem_record_info info;
+	char merchant[IDEM_PAY_ID_SIZE];
+	json_t *doc;
 
-	/* The old key still signs in; the old rows read back unchanged. */
 	assert_int_equal(idem_pay_authenticate(pay, KEY, strlen(KEY), merchant), 0);
 	assert_string_equal(merchant, "m_up1");
 	assert_int_equal(idem_pay_get_payment(&res, pay, "m_up1", "pay_up1"), 0);
@@ -226,8 +216,14 @@ static void old_database_upgrades_with_its_money(void **state)
 	assert_int_equal(info.body_len, strlen(STORED));
 	assert_memory_equal(info.body, STORED, strlen(STORED));
 	idem_record_info_clear(&info);
+}
 
-	/* A refund of the old payment: under its cap, on the rebuilt table. */
+/* A refund of the old payment: under its cap, on the rebuilt table. */
+static void old_payment_refunds(idem_pay *pay)
+{
+	idem_result res = {0};
+	json_t *doc;
+
 	write_request(
 	    &res, pay, idem_pay_refund, "/v1/refunds", "K-UP-2",
 	    "{\"refund_request_no\":\"R-UP-2\",\"payment_id\":\"pay_up1\",\"amount\":200}");
@@ -247,9 +243,15 @@ static void old_database_upgrades_with_its_money(void **state)
 	                     json_array_get(json_object_get(doc, "available"), 0), "amount")),
 	                 500);
 	json_decref(doc);
+}
 
-	/* A new payment; the old order number is still taken (its fingerprint
-	 * is the old one's, so this is a conflict, naming the old payment). */
+/* A new payment; the old order number is still taken (its fingerprint is
+ * the old one's, so this is a conflict, naming the old payment). */
+static void new_payments_beside_old(idem_pay *pay)
+{
+	idem_result res = {0};
+	json_t *doc;
+
 	write_request(&res, pay, idem_pay_create_payment, "/v1/payments", "K-UP-4",
 	              "{\"merchant_order_no\":\"ORD-UP-2\",\"amount\":50,\"currency\":\"CNY\","
 	              "\"channel\":\"mock\"}");
@@ -263,9 +265,33 @@ static void old_database_upgrades_with_its_money(void **state)
 	                    "business_key_conflict");
 	assert_string_equal(json_string_value(json_object_get(doc, "existing_id")), "pay_up1");
 	json_decref(doc);
+}
 
+static void old_database_upgrades_with_its_money(void **state)
+{
+	char *url;
+	idem_store *store;
+	idem_pay *pay;
+	int version = 0;
+
+	(void)state;
+	if (strcmp(backend, "sqlite") != 0) {
+		(void)test_server_admin_url(backend);
+		setenv("IDEM_TEST_URL", backend, 1);
+	}
+	url = test_db_url();
+	make_old_database(url);
+
+	store = test_store_open(url, NULL); /* migrates */
+	assert_int_equal(idem_store_schema_version(store, &version), 0);
+	assert_true(version > OLD_VERSION);
+	assert_int_equal(idem_pay_open(&pay, store, NULL), 0);
+	old_rows_read_back(pay, store);
+	old_payment_refunds(pay);
+	new_payments_beside_old(pay);
 	idem_pay_close(pay);
 	idem_store_close(store);
+
 	/* Opening again finds nothing to do. */
 	store = test_store_open(url, NULL);
 	assert_int_equal(idem_store_schema_version(store, &version), 0);
