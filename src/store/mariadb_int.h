@@ -2,11 +2,11 @@
  * store/mariadb_int.h: what the files of the MariaDB driver share, and only
  * they include: the connection, the error contexts, the parsed URL, and the
  * calls each file offers the others.
- *   mariadb.c       the driver table for netdb.c, migrations, open, records
- *   mariadb_io.c    error classification, bounded non-blocking calls,
- *                   connecting
+ *   mariadb.c       the driver table for netdb.c, connecting, migrations,
+ *                   open, records
  *   mariadb_stmt.c  prepared statements and their results, checks that a
  *                   unit's transaction is still there
+ *   mariadb_io.c    error classification, bounded non-blocking calls
  *   mariadb_url.c   mysql:// URLs
  */
 #ifndef IDEM_STORE_MARIADB_INT_H
@@ -19,10 +19,6 @@
 
 #define STMT_CACHE 64
 #define MAX_COLS   32
-/* How much longer than a lock wait any call may wait for the server. */
-#define IO_MARGIN_S 10
-/* The longest a connect may take, deadline or not. */
-#define CONNECT_TIMEOUT_S 10
 /* A statement of a unit unanswered this long: ask the server whether it is
  * working on it at all (idem__my_lost_statement), then again every as long. */
 #define PROBE_MS 1000
@@ -87,9 +83,6 @@ MYSQL_RES *idem__my_nb_store_result(conn *c);
 int idem__my_nb_stmt_prepare(conn *c, MYSQL_STMT *st, const char *sql, unsigned long len);
 int idem__my_nb_stmt_execute(conn *c, MYSQL_STMT *st);
 int idem__my_nb_stmt_store_result(conn *c, MYSQL_STMT *st);
-/* Connect c to be's server with the store's session settings; close it. */
-int idem__my_conn_open(idem__backend *be, conn *c);
-void idem__my_conn_close(conn *c);
 
 /* ---- mariadb_stmt.c ---- */
 
