@@ -100,6 +100,7 @@ static int conn_open(idem__backend *be, conn *c)
 	if (!(c->my = mysql_init(NULL)))
 		return idem__error(IDEM_ENOMEM, "mariadb: out of memory");
 	c->io_timeout_ms = (int)io_timeout * 1000;
+	c->lost_statement = idem__my_lost_statement;
 	mysql_options(c->my, MYSQL_OPT_NONBLOCK, 0);
 	mysql_options(c->my, MYSQL_OPT_CONNECT_TIMEOUT, &connect_timeout);
 	/* A server that stops answering (SIGSTOP, a dead link) fails the call

@@ -8,6 +8,9 @@
  *                   unit's transaction is still there
  *   mariadb_io.c    error classification, bounded non-blocking calls
  *   mariadb_url.c   mysql:// URLs
+ * Each file calls only those below it in this list (the URL file stands
+ * alone); the I/O layer asks its one question of the statements above it
+ * through conn.lost_statement.
  */
 #ifndef IDEM_STORE_MARIADB_INT_H
 #define IDEM_STORE_MARIADB_INT_H
@@ -35,6 +38,12 @@ struct conn {
 	int in_unit;           /* a START TRANSACTION of the core's is open */
 	int read_write;        /* READ WRITE outside transactions: drop after the unit */
 	int lost;              /* the server dropped the call in progress */
+	/* Asked by idem__my_wait_io while a unit's statement waits: has the
+	 * server dropped it? Set to idem__my_lost_statement by the connect. A
+	 * pointer because the question is itself a statement, on a ping
+	 * connection, and the I/O layer sits below statements; that connection
+	 * is never in a unit, so its own waits never ask again. */
+	int (*lost_statement)(conn *c, int64_t waited_ms);
 	int ncache;
 	struct {
 		char *sql;
@@ -99,7 +108,8 @@ int idem__my_simple(conn *c, const char *sql, const char *what);
 int idem__my_in_transaction(conn *c);
 /* IDEM_ERETRY (c dropped) when a unit's transaction vanished under it. */
 int idem__my_unit_gone(conn *c, const char *what);
-/* 1 when the server dropped c's statement, unanswered for waited_ms. */
+/* 1 when the server dropped c's statement, unanswered for waited_ms (what
+ * a connection's lost_statement points at). */
 int idem__my_lost_statement(conn *c, int64_t waited_ms);
 
 /* ---- mariadb_url.c ---- */

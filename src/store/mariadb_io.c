@@ -4,6 +4,8 @@
  * made on Connector/C's non-blocking API and bounded (its I/O timeout, cut
  * to its connection's deadline; a server that stops answering fails the
  * call as unavailable and the connection is shut down, never reused).
+ * The lowest layer of the driver: it calls nothing above it by name; the
+ * one question it asks of the statements goes through c->lost_statement.
  */
 #include <errmsg.h>
 #include <errno.h>
@@ -149,8 +151,8 @@ int idem__my_wait_io(conn *c, int status)
 		lib_until =
 		    idem__clock_monotonic_us() + (int64_t)mysql_get_timeout_value_ms(c->my) * 1000;
 	/* A unit's statement waiting for its answer is checked on now and then
-	 * (lost_statement says why). */
-	if (c->in_unit && (status & MYSQL_WAIT_READ) && c->call_start_us > 0)
+	 * (idem__my_lost_statement says why). */
+	if (c->in_unit && (status & MYSQL_WAIT_READ) && c->call_start_us > 0 && c->lost_statement)
 		probe_at = c->call_start_us + (int64_t)PROBE_MS * 1000;
 	for (;;) {
 		int left = idem__net_wait_ms(c->call_until_us, 0), lib = -1, n, ev = 0, probe = -1;
@@ -169,7 +171,7 @@ int idem__my_wait_io(conn *c, int status)
 		if (probe_at && (probe = idem__net_wait_ms(probe_at, 0)) == 0) {
 			int64_t now = idem__clock_monotonic_us();
 
-			if (idem__my_lost_statement(c, (now - c->call_start_us) / 1000)) {
+			if (c->lost_statement(c, (now - c->call_start_us) / 1000)) {
 				c->base.broken = c->lost = 1;
 				if (pfd.fd >= 0)
 					shutdown(pfd.fd, SHUT_RDWR);
