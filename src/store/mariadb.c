@@ -57,6 +57,101 @@ static void library_init(void)
 	library_rc = mysql_library_init(0, NULL, NULL);
 }
 
+/* ---- connections ----------------------------------------------------- */
+
+/* How much longer than a lock wait any call may wait for the server. */
+#define IO_MARGIN_S 10
+/* The longest a connect may take, deadline or not. */
+#define CONNECT_TIMEOUT_S 10
+
+/* Close c's cached statements and its handle; c may be opened again. */
+static void conn_close(conn *c)
+{
+	/* A broken connection may be mid-call to a server that does not answer:
+	 * shut the socket first, so nothing below waits for it. */
+	if (c->my && c->base.broken && mysql_get_socket(c->my) >= 0)
+		shutdown(mysql_get_socket(c->my), SHUT_RDWR);
+	for (int i = 0; i < c->ncache; i++) {
+		mysql_stmt_close(c->cache[i].st);
+		free(c->cache[i].sql);
+	}
+	c->ncache = 0;
+	if (c->my)
+		mysql_close(c->my);
+	c->my = NULL;
+	c->base.broken = 0;
+	c->base.timed_out = 0;
+	c->in_unit = c->lost = c->read_write = 0;
+}
+
+/* Connect c to be's server with the store's session settings. */
+static int conn_open(idem__backend *be, conn *c)
+{
+	const my_url *u = be->state;
+	int wait_s = (be->opts.busy_timeout_ms + 999) / 1000;
+	unsigned int connect_timeout = CONNECT_TIMEOUT_S,
+	             io_timeout = (unsigned int)wait_s + IO_MARGIN_S;
+	my_bool reconnect = 0;
+	MYSQL *ok = NULL;
+	char setup[320];
+	int rc;
+
+	conn_close(c);
+	if (!(c->my = mysql_init(NULL)))
+		return idem__error(IDEM_ENOMEM, "mariadb: out of memory");
+	c->io_timeout_ms = (int)io_timeout * 1000;
+	c->lost_statement = idem__my_lost_statement;
+	mysql_options(c->my, MYSQL_OPT_NONBLOCK, 0);
+	mysql_options(c->my, MYSQL_OPT_CONNECT_TIMEOUT, &connect_timeout);
+	/* A server that stops answering (SIGSTOP, a dead link) fails the call
+	 * (2013: unavailable) after a lock wait plus a margin, instead of
+	 * hanging it forever. */
+	mysql_options(c->my, MYSQL_OPT_READ_TIMEOUT, &io_timeout);
+	mysql_options(c->my, MYSQL_OPT_WRITE_TIMEOUT, &io_timeout);
+	mysql_options(c->my, MYSQL_OPT_RECONNECT, &reconnect);
+	mysql_options(c->my, MYSQL_SET_CHARSET_NAME, "utf8mb4");
+	/* CLIENT_FOUND_ROWS: an UPDATE reports the rows it matched, as SQLite
+	 * and PostgreSQL do, even when it set a column to the value it had. */
+	idem__my_arm(c, CONNECT_TIMEOUT_S * 1000);
+	NB_RUN(c, ok,
+	       mysql_real_connect_start(&ok, c->my, *u->host ? u->host : NULL, u->user, u->password,
+	                                u->db, u->port, u->socket, CLIENT_FOUND_ROWS),
+	       mysql_real_connect_cont, c->my);
+	if (!ok || c->base.timed_out) {
+		if (c->base.timed_out)
+			rc = idem__error(IDEM_EUNAVAIL, "mariadb: connect: no answer from the "
+			                                "server before the deadline");
+		else
+			rc = idem__error_driver(IDEM_EUNAVAIL, (int)mysql_errno(c->my),
+			                        mysql_sqlstate(c->my),
+			                        "mariadb: connect: %s (errno %u)",
+			                        mysql_error(c->my), mysql_errno(c->my));
+		conn_close(c);
+		return rc;
+	}
+	/* SIMULTANEOUS_ASSIGNMENT: in UPDATE ... SET a = a + 1, b = f(a), f sees
+	 * the old a, as in SQLite, PostgreSQL and standard SQL; MariaDB's default
+	 * (left to right) would silently change the meaning of shared SQL.
+	 * idle_transaction_timeout (s): the server ends a session left idle
+	 * inside a transaction by a client that vanished, so its row locks do
+	 * not block that merchant's writes for keepalive's hours (postgres.c
+	 * says more). */
+	snprintf(setup, sizeof(setup),
+	         "SET SESSION sql_mode = 'STRICT_ALL_TABLES,STRICT_TRANS_TABLES,"
+	         "ERROR_FOR_DIVISION_BY_ZERO,NO_AUTO_CREATE_USER,NO_ENGINE_SUBSTITUTION,"
+	         "SIMULTANEOUS_ASSIGNMENT',"
+	         " innodb_lock_wait_timeout = %d, default_storage_engine = InnoDB,"
+	         " idle_transaction_timeout = 30",
+	         wait_s > 0 ? wait_s : 1);
+	if ((rc = idem__my_simple(c, "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+	                          "session setup")) < 0 ||
+	    (rc = idem__my_simple(c, setup, "session setup")) < 0) {
+		conn_close(c);
+		return rc;
+	}
+	return 0;
+}
+
 /* ---- the driver (netdb.h) -------------------------------------------- */
 
 /*
@@ -70,16 +165,16 @@ static int drv_connect(idem__backend *be, idem__netconn *nc)
 	conn *c = (conn *)(void *)nc;
 	int rc;
 
-	if ((rc = idem__my_conn_open(be, c)) < 0)
+	if ((rc = conn_open(be, c)) < 0)
 		return rc;
 	if ((rc = idem__my_simple(c, "SET SESSION TRANSACTION READ ONLY", "session setup")) < 0)
-		idem__my_conn_close(c);
+		conn_close(c);
 	return rc;
 }
 
 static void drv_disconnect(idem__netconn *c)
 {
-	idem__my_conn_close((conn *)(void *)c);
+	conn_close((conn *)(void *)c);
 }
 
 static int drv_in_transaction(idem__netconn *c)
@@ -311,7 +406,7 @@ MYSQL *idem__mariadb_connect(const char *url)
 		idem__error(IDEM_EINVAL, "mariadb: not a mysql:// URL");
 		return NULL;
 	}
-	if (idem__my_url_parse(&u, colon + 1) == 0 && idem__my_conn_open(&be, &c) == 0) {
+	if (idem__my_url_parse(&u, colon + 1) == 0 && conn_open(&be, &c) == 0) {
 		my = c.my; /* no statements cached yet: the handle is all there is */
 		c.my = NULL;
 	}

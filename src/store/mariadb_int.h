@@ -2,12 +2,15 @@
  * store/mariadb_int.h: what the files of the MariaDB driver share, and only
  * they include: the connection, the error contexts, the parsed URL, and the
  * calls each file offers the others.
- *   mariadb.c       the driver table for netdb.c, migrations, open, records
- *   mariadb_io.c    error classification, bounded non-blocking calls,
- *                   connecting
+ *   mariadb.c       the driver table for netdb.c, connecting, migrations,
+ *                   open, records
  *   mariadb_stmt.c  prepared statements and their results, checks that a
  *                   unit's transaction is still there
+ *   mariadb_io.c    error classification, bounded non-blocking calls
  *   mariadb_url.c   mysql:// URLs
+ * Each file calls only those below it in this list (the URL file stands
+ * alone); the I/O layer asks its one question of the statements above it
+ * through conn.lost_statement.
  */
 #ifndef IDEM_STORE_MARIADB_INT_H
 #define IDEM_STORE_MARIADB_INT_H
@@ -19,10 +22,6 @@
 
 #define STMT_CACHE 64
 #define MAX_COLS   32
-/* How much longer than a lock wait any call may wait for the server. */
-#define IO_MARGIN_S 10
-/* The longest a connect may take, deadline or not. */
-#define CONNECT_TIMEOUT_S 10
 /* A statement of a unit unanswered this long: ask the server whether it is
  * working on it at all (idem__my_lost_statement), then again every as long. */
 #define PROBE_MS 1000
@@ -39,6 +38,12 @@ struct conn {
 	int in_unit;           /* a START TRANSACTION of the core's is open */
 	int read_write;        /* READ WRITE outside transactions: drop after the unit */
 	int lost;              /* the server dropped the call in progress */
+	/* Asked by idem__my_wait_io while a unit's statement waits: has the
+	 * server dropped it? Set to idem__my_lost_statement by the connect. A
+	 * pointer because the question is itself a statement, on a ping
+	 * connection, and the I/O layer sits below statements; that connection
+	 * is never in a unit, so its own waits never ask again. */
+	int (*lost_statement)(conn *c, int64_t waited_ms);
 	int ncache;
 	struct {
 		char *sql;
@@ -87,9 +92,6 @@ MYSQL_RES *idem__my_nb_store_result(conn *c);
 int idem__my_nb_stmt_prepare(conn *c, MYSQL_STMT *st, const char *sql, unsigned long len);
 int idem__my_nb_stmt_execute(conn *c, MYSQL_STMT *st);
 int idem__my_nb_stmt_store_result(conn *c, MYSQL_STMT *st);
-/* Connect c to be's server with the store's session settings; close it. */
-int idem__my_conn_open(idem__backend *be, conn *c);
-void idem__my_conn_close(conn *c);
 
 /* ---- mariadb_stmt.c ---- */
 
@@ -106,7 +108,8 @@ int idem__my_simple(conn *c, const char *sql, const char *what);
 int idem__my_in_transaction(conn *c);
 /* IDEM_ERETRY (c dropped) when a unit's transaction vanished under it. */
 int idem__my_unit_gone(conn *c, const char *what);
-/* 1 when the server dropped c's statement, unanswered for waited_ms. */
+/* 1 when the server dropped c's statement, unanswered for waited_ms (what
+ * a connection's lost_statement points at). */
 int idem__my_lost_statement(conn *c, int64_t waited_ms);
 
 /* ---- mariadb_url.c ---- */

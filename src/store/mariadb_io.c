@@ -1,20 +1,17 @@
 /*
  * store/mariadb_io.c: the MariaDB driver's calls to the server: every
- * error mapped to an idem code (DESIGN.md §1), every call that waits made
- * on Connector/C's non-blocking API and bounded (its I/O timeout, cut to
- * its connection's deadline; a server that stops answering fails the call
- * as unavailable and the connection is shut down, never reused), and
- * connecting with the store's session settings. mariadb.c says why each
- * setting is what it is. Never puts the URL (it may hold a password) into
- * an error message.
+ * error mapped to an idem code (DESIGN.md §1), and every call that waits
+ * made on Connector/C's non-blocking API and bounded (its I/O timeout, cut
+ * to its connection's deadline; a server that stops answering fails the
+ * call as unavailable and the connection is shut down, never reused).
+ * The lowest layer of the driver: it calls nothing above it by name; the
+ * one question it asks of the statements goes through c->lost_statement.
  */
 #include <errmsg.h>
 #include <errno.h>
 #include <mysql.h>
 #include <mysqld_error.h>
 #include <poll.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 
@@ -154,8 +151,8 @@ int idem__my_wait_io(conn *c, int status)
 		lib_until =
 		    idem__clock_monotonic_us() + (int64_t)mysql_get_timeout_value_ms(c->my) * 1000;
 	/* A unit's statement waiting for its answer is checked on now and then
-	 * (lost_statement says why). */
-	if (c->in_unit && (status & MYSQL_WAIT_READ) && c->call_start_us > 0)
+	 * (idem__my_lost_statement says why). */
+	if (c->in_unit && (status & MYSQL_WAIT_READ) && c->call_start_us > 0 && c->lost_statement)
 		probe_at = c->call_start_us + (int64_t)PROBE_MS * 1000;
 	for (;;) {
 		int left = idem__net_wait_ms(c->call_until_us, 0), lib = -1, n, ev = 0, probe = -1;
@@ -174,7 +171,7 @@ int idem__my_wait_io(conn *c, int status)
 		if (probe_at && (probe = idem__net_wait_ms(probe_at, 0)) == 0) {
 			int64_t now = idem__clock_monotonic_us();
 
-			if (idem__my_lost_statement(c, (now - c->call_start_us) / 1000)) {
+			if (c->lost_statement(c, (now - c->call_start_us) / 1000)) {
 				c->base.broken = c->lost = 1;
 				if (pfd.fd >= 0)
 					shutdown(pfd.fd, SHUT_RDWR);
@@ -247,91 +244,4 @@ int idem__my_nb_stmt_store_result(conn *c, MYSQL_STMT *st)
 	idem__my_arm(c, c->io_timeout_ms);
 	NB_RUN(c, ret, mysql_stmt_store_result_start(&ret, st), mysql_stmt_store_result_cont, st);
 	return c->base.timed_out || c->lost ? 1 : ret;
-}
-
-/* ---- connections ----------------------------------------------------- */
-
-void idem__my_conn_close(conn *c)
-{
-	/* A broken connection may be mid-call to a server that does not answer:
-	 * shut the socket first, so nothing below waits for it. */
-	if (c->my && c->base.broken && mysql_get_socket(c->my) >= 0)
-		shutdown(mysql_get_socket(c->my), SHUT_RDWR);
-	for (int i = 0; i < c->ncache; i++) {
-		mysql_stmt_close(c->cache[i].st);
-		free(c->cache[i].sql);
-	}
-	c->ncache = 0;
-	if (c->my)
-		mysql_close(c->my);
-	c->my = NULL;
-	c->base.broken = 0;
-	c->base.timed_out = 0;
-	c->in_unit = c->lost = c->read_write = 0;
-}
-
-int idem__my_conn_open(idem__backend *be, conn *c)
-{
-	const my_url *u = be->state;
-	int wait_s = (be->opts.busy_timeout_ms + 999) / 1000;
-	unsigned int connect_timeout = CONNECT_TIMEOUT_S,
-	             io_timeout = (unsigned int)wait_s + IO_MARGIN_S;
-	my_bool reconnect = 0;
-	MYSQL *ok = NULL;
-	char setup[320];
-	int rc;
-
-	idem__my_conn_close(c);
-	if (!(c->my = mysql_init(NULL)))
-		return idem__error(IDEM_ENOMEM, "mariadb: out of memory");
-	c->io_timeout_ms = (int)io_timeout * 1000;
-	mysql_options(c->my, MYSQL_OPT_NONBLOCK, 0);
-	mysql_options(c->my, MYSQL_OPT_CONNECT_TIMEOUT, &connect_timeout);
-	/* A server that stops answering (SIGSTOP, a dead link) fails the call
-	 * (2013: unavailable) after a lock wait plus a margin, instead of
-	 * hanging it forever. */
-	mysql_options(c->my, MYSQL_OPT_READ_TIMEOUT, &io_timeout);
-	mysql_options(c->my, MYSQL_OPT_WRITE_TIMEOUT, &io_timeout);
-	mysql_options(c->my, MYSQL_OPT_RECONNECT, &reconnect);
-	mysql_options(c->my, MYSQL_SET_CHARSET_NAME, "utf8mb4");
-	/* CLIENT_FOUND_ROWS: an UPDATE reports the rows it matched, as SQLite
-	 * and PostgreSQL do, even when it set a column to the value it had. */
-	idem__my_arm(c, CONNECT_TIMEOUT_S * 1000);
-	NB_RUN(c, ok,
-	       mysql_real_connect_start(&ok, c->my, *u->host ? u->host : NULL, u->user, u->password,
-	                                u->db, u->port, u->socket, CLIENT_FOUND_ROWS),
-	       mysql_real_connect_cont, c->my);
-	if (!ok || c->base.timed_out) {
-		if (c->base.timed_out)
-			rc = idem__error(IDEM_EUNAVAIL, "mariadb: connect: no answer from the "
-			                                "server before the deadline");
-		else
-			rc = idem__error_driver(IDEM_EUNAVAIL, (int)mysql_errno(c->my),
-			                        mysql_sqlstate(c->my),
-			                        "mariadb: connect: %s (errno %u)",
-			                        mysql_error(c->my), mysql_errno(c->my));
-		idem__my_conn_close(c);
-		return rc;
-	}
-	/* SIMULTANEOUS_ASSIGNMENT: in UPDATE ... SET a = a + 1, b = f(a), f sees
-	 * the old a, as in SQLite, PostgreSQL and standard SQL; MariaDB's default
-	 * (left to right) would silently change the meaning of shared SQL.
-	 * idle_transaction_timeout (s): the server ends a session left idle
-	 * inside a transaction by a client that vanished, so its row locks do
-	 * not block that merchant's writes for keepalive's hours (postgres.c
-	 * says more). */
-	snprintf(setup, sizeof(setup),
-	         "SET SESSION sql_mode = 'STRICT_ALL_TABLES,STRICT_TRANS_TABLES,"
-	         "ERROR_FOR_DIVISION_BY_ZERO,NO_AUTO_CREATE_USER,NO_ENGINE_SUBSTITUTION,"
-	         "SIMULTANEOUS_ASSIGNMENT',"
-	         " innodb_lock_wait_timeout = %d, default_storage_engine = InnoDB,"
-	         " idle_transaction_timeout = 30",
-	         wait_s > 0 ? wait_s : 1);
-	if ((rc = idem__my_simple(c, "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
-	                          "session setup")) < 0 ||
-	    (rc = idem__my_simple(c, setup, "session setup")) < 0) {
-		idem__my_conn_close(c);
-		return rc;
-	}
-	return 0;
 }

@@ -100,26 +100,14 @@ static void results_free(results *r)
 	r->ncols = 0;
 }
 
-static int fetch_rows(conn *c, MYSQL_STMT *st, results *r, idem_row_fn fn, void *ctx)
+/* A buffer in r for each column of meta, text and blobs as long as their
+ * longest value; r->ncols counts those to free, also on failure. */
+static int bind_columns(results *r, MYSQL_RES *meta)
 {
-	MYSQL_RES *meta = NULL;
-	MYSQL_FIELD *fields;
-	my_bool one = 1;
-	int rc = 0, f;
+	MYSQL_FIELD *fields = mysql_fetch_fields(meta);
 
-	/* max_length tells how big each text/blob buffer must be. */
-	mysql_stmt_attr_set(st, STMT_ATTR_UPDATE_MAX_LENGTH, &one);
-	if (idem__my_nb_stmt_store_result(c, st) != 0)
-		return idem__my_fail_stmt(c, st, CTX_BUSINESS, "store_result");
-	if (!fn)
-		return 0;
-	if (!(meta = mysql_stmt_result_metadata(st)))
-		return idem__my_fail_stmt(c, st, CTX_PLAIN, "result_metadata");
-	fields = mysql_fetch_fields(meta);
-	if ((int)mysql_num_fields(meta) > MAX_COLS) {
-		rc = idem__error(IDEM_EINVAL, "query returns more than %d columns", MAX_COLS);
-		goto done;
-	}
+	if ((int)mysql_num_fields(meta) > MAX_COLS)
+		return idem__error(IDEM_EINVAL, "query returns more than %d columns", MAX_COLS);
 	memset(r->bind, 0, sizeof(r->bind));
 	for (r->ncols = 0; r->ncols < (int)mysql_num_fields(meta); r->ncols++) {
 		int i = r->ncols;
@@ -141,14 +129,55 @@ static int fetch_rows(conn *c, MYSQL_STMT *st, results *r, idem_row_fn fn, void 
 
 			if (!(r->bufs[i] = malloc(size))) {
 				r->ncols++;
-				rc = idem__error(IDEM_ENOMEM, "out of memory");
-				goto done;
+				return idem__error(IDEM_ENOMEM, "out of memory");
 			}
 			b->buffer_type = r->kind[i] == K_BLOB ? MYSQL_TYPE_BLOB : MYSQL_TYPE_STRING;
 			b->buffer = r->bufs[i];
 			b->buffer_length = (unsigned long)size;
 		}
 	}
+	return 0;
+}
+
+/* The row just fetched into r, as idem values pointing into r's buffers. */
+static void row_values(const results *r, idem_value *cols)
+{
+	for (int i = 0; i < r->ncols; i++) {
+		int64_t n;
+
+		if (r->nulls[i])
+			cols[i] = IDEM_V_NULL;
+		else if (r->kind[i] == K_INT)
+			cols[i] = IDEM_V_INT(r->ints[i]);
+		else if (r->kind[i] == K_DOUBLE)
+			cols[i] = IDEM_V_INT((int64_t)r->dbls[i]);
+		else if (r->kind[i] == K_DECIMAL &&
+		         idem__parse_int64(r->bufs[i], r->lens[i], &n) == 0)
+			/* SUM() of integers is DECIMAL here, an integer elsewhere. */
+			cols[i] = IDEM_V_INT(n);
+		else if (r->kind[i] == K_BLOB)
+			cols[i] = IDEM_V_BLOB(r->bufs[i], r->lens[i]);
+		else
+			cols[i] = IDEM_V_TEXTN(r->bufs[i], r->lens[i]);
+	}
+}
+
+static int fetch_rows(conn *c, MYSQL_STMT *st, results *r, idem_row_fn fn, void *ctx)
+{
+	MYSQL_RES *meta = NULL;
+	my_bool one = 1;
+	int rc = 0, f;
+
+	/* max_length tells how big each text/blob buffer must be. */
+	mysql_stmt_attr_set(st, STMT_ATTR_UPDATE_MAX_LENGTH, &one);
+	if (idem__my_nb_stmt_store_result(c, st) != 0)
+		return idem__my_fail_stmt(c, st, CTX_BUSINESS, "store_result");
+	if (!fn)
+		return 0;
+	if (!(meta = mysql_stmt_result_metadata(st)))
+		return idem__my_fail_stmt(c, st, CTX_PLAIN, "result_metadata");
+	if ((rc = bind_columns(r, meta)) < 0)
+		goto done;
 	if (mysql_stmt_bind_result(st, r->bind) != 0) {
 		rc = idem__my_fail_stmt(c, st, CTX_PLAIN, "bind_result");
 		goto done;
@@ -156,24 +185,7 @@ static int fetch_rows(conn *c, MYSQL_STMT *st, results *r, idem_row_fn fn, void 
 	while ((f = mysql_stmt_fetch(st)) == 0) {
 		idem_value cols[MAX_COLS];
 
-		for (int i = 0; i < r->ncols; i++) {
-			int64_t n;
-
-			if (r->nulls[i])
-				cols[i] = IDEM_V_NULL;
-			else if (r->kind[i] == K_INT)
-				cols[i] = IDEM_V_INT(r->ints[i]);
-			else if (r->kind[i] == K_DOUBLE)
-				cols[i] = IDEM_V_INT((int64_t)r->dbls[i]);
-			else if (r->kind[i] == K_DECIMAL &&
-			         idem__parse_int64(r->bufs[i], r->lens[i], &n) == 0)
-				/* SUM() of integers is DECIMAL here, an integer elsewhere. */
-				cols[i] = IDEM_V_INT(n);
-			else if (r->kind[i] == K_BLOB)
-				cols[i] = IDEM_V_BLOB(r->bufs[i], r->lens[i]);
-			else
-				cols[i] = IDEM_V_TEXTN(r->bufs[i], r->lens[i]);
-		}
+		row_values(r, cols);
 		if ((rc = fn(ctx, cols, r->ncols)) != 0) {
 			rc = rc > 0 ? 0 : rc;
 			goto done;
@@ -187,6 +199,29 @@ done:
 	if (meta)
 		mysql_free_result(meta);
 	return rc;
+}
+
+/* Point b at v; the driver reads an integer from *num and a length from
+ * *len, which must live until the statement has run. */
+static void bind_param(MYSQL_BIND *b, int64_t *num, unsigned long *len, const idem_value *v)
+{
+	switch (v->type) {
+	case IDEM_VAL_INT:
+		*num = v->i;
+		b->buffer_type = MYSQL_TYPE_LONGLONG;
+		b->buffer = num;
+		break;
+	case IDEM_VAL_TEXT:
+	case IDEM_VAL_BLOB:
+		b->buffer_type = v->type == IDEM_VAL_TEXT ? MYSQL_TYPE_STRING : MYSQL_TYPE_BLOB;
+		/* The driver only reads the buffer; never NULL (that is SQL NULL). */
+		b->buffer = (void *)(v->p ? v->p : "");
+		*len = (unsigned long)v->len;
+		b->buffer_length = *len;
+		b->length = len;
+		break;
+	default: b->buffer_type = MYSQL_TYPE_NULL; break;
+	}
 }
 
 /*
@@ -221,29 +256,8 @@ int idem__my_run(conn *c, const char *sql, const idem_value *params, int n, idem
 			rc = idem__error(IDEM_ENOMEM, "out of memory");
 			goto done;
 		}
-		for (int i = 0; i < n; i++) {
-			const idem_value *v = &params[i];
-
-			switch (v->type) {
-			case IDEM_VAL_INT:
-				ints[i] = v->i;
-				pb[i].buffer_type = MYSQL_TYPE_LONGLONG;
-				pb[i].buffer = &ints[i];
-				break;
-			case IDEM_VAL_TEXT:
-			case IDEM_VAL_BLOB:
-				pb[i].buffer_type =
-				    v->type == IDEM_VAL_TEXT ? MYSQL_TYPE_STRING : MYSQL_TYPE_BLOB;
-				/* The driver only reads the buffer; never NULL (that is SQL NULL).
-				 */
-				pb[i].buffer = (void *)(v->p ? v->p : "");
-				lens[i] = (unsigned long)v->len;
-				pb[i].buffer_length = lens[i];
-				pb[i].length = &lens[i];
-				break;
-			default: pb[i].buffer_type = MYSQL_TYPE_NULL; break;
-			}
-		}
+		for (int i = 0; i < n; i++)
+			bind_param(&pb[i], &ints[i], &lens[i], &params[i]);
 		if (mysql_stmt_bind_param(st, pb) != 0) {
 			rc = idem__my_fail_stmt(c, st, CTX_PLAIN, "bind");
 			goto done;

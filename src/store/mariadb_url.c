@@ -74,13 +74,98 @@ void idem__my_url_clear(my_url *u)
 	memset(u, 0, sizeof(*u));
 }
 
+/* The one answer to a malformed URL: it never echoes the URL (a password). */
+static int bad_url(void)
+{
+	return idem__error(IDEM_EINVAL, "mariadb URL must look like mysql://user[:password]@host"
+	                                "[:port]/db[?socket=PATH]");
+}
+
+/* "user[:password]" from auth to the '@' at at; the user is required. */
+static int parse_userinfo(my_url *u, const char *auth, const char *at)
+{
+	const char *colon = NULL;
+	int rc;
+
+	for (const char *p = auth; p < at; p++)
+		if (*p == ':') {
+			colon = p;
+			break;
+		}
+	if ((rc = decode(auth, (size_t)((colon ? colon : at) - auth), &u->user)) < 0)
+		return rc;
+	if (!*u->user)
+		return bad_url(); /* ":password@" alone: the user is still required */
+	if (colon && (rc = decode(colon + 1, (size_t)(at - colon - 1), &u->password)) < 0)
+		return rc;
+	return 0;
+}
+
+/* "host[:port]" from hp to end; host may be an IPv6 literal in brackets. */
+static int parse_hostport(my_url *u, const char *hp, const char *end)
+{
+	const char *colon;
+	int rc;
+
+	if (*hp == '[') {
+		const char *close = memchr(hp, ']', (size_t)(end - hp));
+
+		if (!close)
+			return bad_url();
+		if ((rc = decode(hp + 1, (size_t)(close - hp - 1), &u->host)) < 0)
+			return rc;
+		colon = close + 1 < end && close[1] == ':' ? close + 1 : NULL;
+		if (close + 1 < end && !colon)
+			return bad_url();
+	} else {
+		colon = memchr(hp, ':', (size_t)(end - hp));
+		if ((rc = decode(hp, (size_t)((colon ? colon : end) - hp), &u->host)) < 0)
+			return rc;
+	}
+	if (colon) {
+		unsigned long port = 0;
+
+		if (colon + 1 == end)
+			return bad_url();
+		for (const char *p = colon + 1; p < end; p++) {
+			if (*p < '0' || *p > '9' || port > 65535)
+				return bad_url();
+			port = port * 10 + (unsigned long)(*p - '0');
+		}
+		if (port == 0 || port > 65535)
+			return bad_url();
+		u->port = (unsigned int)port;
+	}
+	return 0;
+}
+
+/* What follows the database: "?socket=PATH" or nothing. */
+static int parse_options(my_url *u, const char *q)
+{
+	int rc;
+
+	while (*q == '?' || *q == '&') {
+		const char *key = q + 1, *val, *end = key + strcspn(key, "&#");
+
+		val = memchr(key, '=', (size_t)(end - key));
+		if (!val || (size_t)(val - key) != 6 || strncmp(key, "socket", 6) != 0 || u->socket)
+			return bad_url();
+		if ((rc = decode(val + 1, (size_t)(end - val - 1), &u->socket)) < 0)
+			return rc;
+		q = end;
+	}
+	if (*q != '\0')
+		return bad_url();
+	return 0;
+}
+
 /*
  * "//user[:password]@host[:port]/db[?socket=PATH]", each part
  * percent-decoded. host may be an IPv6 literal in brackets.
  */
 int idem__my_url_parse(my_url *u, const char *t)
 {
-	const char *auth, *auth_end, *at = NULL, *hp, *colon = NULL, *path_end, *q;
+	const char *auth, *auth_end, *at = NULL, *path_end;
 	int rc = 0;
 
 	memset(u, 0, sizeof(*u));
@@ -95,72 +180,21 @@ int idem__my_url_parse(my_url *u, const char *t)
 			at = p; /* the last '@': an unescaped one in a password still works */
 	if (!at || at == auth)
 		goto bad; /* the user is required */
-	for (const char *p = auth; p < at; p++)
-		if (*p == ':') {
-			colon = p;
-			break;
-		}
-	if ((rc = decode(auth, (size_t)((colon ? colon : at) - auth), &u->user)) < 0)
+	if ((rc = parse_userinfo(u, auth, at)) < 0 ||
+	    (rc = parse_hostport(u, at + 1, auth_end)) < 0)
 		goto done;
-	if (!*u->user)
-		goto bad; /* ":password@" alone: the user is still required */
-	if (colon && (rc = decode(colon + 1, (size_t)(at - colon - 1), &u->password)) < 0)
-		goto done;
-	hp = at + 1;
-	if (*hp == '[') {
-		const char *close = memchr(hp, ']', (size_t)(auth_end - hp));
-
-		if (!close)
-			goto bad;
-		if ((rc = decode(hp + 1, (size_t)(close - hp - 1), &u->host)) < 0)
-			goto done;
-		colon = close + 1 < auth_end && close[1] == ':' ? close + 1 : NULL;
-		if (close + 1 < auth_end && !colon)
-			goto bad;
-	} else {
-		colon = memchr(hp, ':', (size_t)(auth_end - hp));
-		if ((rc = decode(hp, (size_t)((colon ? colon : auth_end) - hp), &u->host)) < 0)
-			goto done;
-	}
-	if (colon) {
-		unsigned long port = 0;
-
-		if (colon + 1 == auth_end)
-			goto bad;
-		for (const char *p = colon + 1; p < auth_end; p++) {
-			if (*p < '0' || *p > '9' || port > 65535)
-				goto bad;
-			port = port * 10 + (unsigned long)(*p - '0');
-		}
-		if (port == 0 || port > 65535)
-			goto bad;
-		u->port = (unsigned int)port;
-	}
 	path_end = auth_end + 1 + strcspn(auth_end + 1, "?#");
 	if (path_end == auth_end + 1 ||
 	    memchr(auth_end + 1, '/', (size_t)(path_end - auth_end - 1)))
 		goto bad;
-	if ((rc = decode(auth_end + 1, (size_t)(path_end - auth_end - 1), &u->db)) < 0)
+	if ((rc = decode(auth_end + 1, (size_t)(path_end - auth_end - 1), &u->db)) < 0 ||
+	    (rc = parse_options(u, path_end)) < 0)
 		goto done;
-	q = path_end;
-	while (*q == '?' || *q == '&') {
-		const char *key = q + 1, *val, *end = key + strcspn(key, "&#");
-
-		val = memchr(key, '=', (size_t)(end - key));
-		if (!val || (size_t)(val - key) != 6 || strncmp(key, "socket", 6) != 0 || u->socket)
-			goto bad;
-		if ((rc = decode(val + 1, (size_t)(end - val - 1), &u->socket)) < 0)
-			goto done;
-		q = end;
-	}
-	if (*q != '\0')
-		goto bad;
 	if (!*u->host && !u->socket)
 		goto bad;
 	goto done;
 bad:
-	rc = idem__error(IDEM_EINVAL, "mariadb URL must look like mysql://user[:password]@host"
-	                              "[:port]/db[?socket=PATH]");
+	rc = bad_url();
 done:
 	if (rc < 0)
 		idem__my_url_clear(u);

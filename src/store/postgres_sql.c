@@ -86,11 +86,82 @@ int idem__pg_fail(conn *c, const PGresult *res, err_ctx ctx, const char *what)
 
 /* ---- SQL text -------------------------------------------------------- */
 
+/* The end of the '...' or "..." opening at sql[i]: a `?` inside is text.
+ * E'...' strings take backslash escapes; doubling escapes in all. */
+static size_t quoted_end(const char *sql, size_t len, size_t i)
+{
+	char ch = sql[i];
+	int esc = ch == '\'' && i > 0 && (sql[i - 1] == 'E' || sql[i - 1] == 'e');
+
+	i++;
+	while (i < len) {
+		if (esc && sql[i] == '\\' && i + 1 < len) {
+			i++;
+		} else if (sql[i] == ch) {
+			if (i + 1 < len && sql[i + 1] == ch) {
+				i++;
+			} else {
+				break;
+			}
+		}
+		i++;
+	}
+	return i < len ? i + 1 : i;
+}
+
+/* The end of the block comment opening at sql[i] (PostgreSQL's nest). */
+static size_t comment_end(const char *sql, size_t len, size_t i)
+{
+	int depth = 0;
+
+	do {
+		if (sql[i] == '/' && i + 1 < len && sql[i + 1] == '*') {
+			depth++;
+			i++;
+		} else if (sql[i] == '*' && i + 1 < len && sql[i + 1] == '/') {
+			depth--;
+			i++;
+		}
+		i++;
+	} while (i < len && depth > 0);
+	return i;
+}
+
+/* At a '$' that no identifier character precedes: *end is past the
+ * $tag$ ... $tag$ opening there (tag may be empty), or past the '$' alone
+ * when none does. */
+static int dollar_end(const char *sql, size_t len, size_t i, size_t *end)
+{
+	size_t t = i + 1;
+	const char *close;
+
+	while (t < len &&
+	       (sql[t] == '_' || (sql[t] >= 'a' && sql[t] <= 'z') ||
+	        (sql[t] >= 'A' && sql[t] <= 'Z') || (t > i + 1 && sql[t] >= '0' && sql[t] <= '9')))
+		t++;
+	if (t < len && sql[t] == '$') {
+		size_t tag = t + 1 - i;
+		char delim[72];
+
+		if (tag >= sizeof(delim))
+			return idem__error(IDEM_EINVAL, "dollar-quote tag too long");
+		memcpy(delim, sql + i, tag);
+		delim[tag] = '\0';
+		close = strstr(sql + i + tag, delim);
+		*end = close ? (size_t)(close - sql) + tag : len;
+	} else {
+		*end = i + 1;
+	}
+	return 0;
+}
+
+/* `?` to $1..$n outside strings, quoted names, comments and dollar quotes,
+ * whose text is copied as it is. */
 int idem__pg_rewrite(const char *sql, char **out, int *nparams)
 {
 	size_t len = strlen(sql), o = 0, cap;
 	char *buf;
-	int n = 0;
+	int n = 0, rc;
 
 	*out = NULL;
 	if (len > SQL_MAX)
@@ -101,79 +172,31 @@ int idem__pg_rewrite(const char *sql, char **out, int *nparams)
 		return idem__error(IDEM_ENOMEM, "out of memory");
 	for (size_t i = 0; i < len;) {
 		char ch = sql[i];
+		size_t end = i + 1;
 
 		if (ch == '?') {
 			o += (size_t)snprintf(buf + o, cap - o, "$%d", ++n);
 			i++;
-		} else if (ch == '\'' || ch == '"') {
-			/* E'...' strings take backslash escapes; doubling escapes in all. */
-			int esc = ch == '\'' && i > 0 && (sql[i - 1] == 'E' || sql[i - 1] == 'e');
-
-			buf[o++] = sql[i++];
-			while (i < len) {
-				if (esc && sql[i] == '\\' && i + 1 < len) {
-					buf[o++] = sql[i++];
-				} else if (sql[i] == ch) {
-					if (i + 1 < len && sql[i + 1] == ch) {
-						buf[o++] = sql[i++];
-					} else {
-						break;
-					}
-				}
-				buf[o++] = sql[i++];
-			}
-			if (i < len)
-				buf[o++] = sql[i++];
+			continue;
+		}
+		if (ch == '\'' || ch == '"') {
+			end = quoted_end(sql, len, i);
 		} else if (ch == '-' && i + 1 < len && sql[i + 1] == '-') {
-			while (i < len && sql[i] != '\n')
-				buf[o++] = sql[i++];
+			end = i + strcspn(sql + i, "\n");
 		} else if (ch == '/' && i + 1 < len && sql[i + 1] == '*') {
-			int depth = 0; /* PostgreSQL's block comments nest */
-
-			do {
-				if (sql[i] == '/' && i + 1 < len && sql[i + 1] == '*') {
-					depth++;
-					buf[o++] = sql[i++];
-				} else if (sql[i] == '*' && i + 1 < len && sql[i + 1] == '/') {
-					depth--;
-					buf[o++] = sql[i++];
-				}
-				buf[o++] = sql[i++];
-			} while (i < len && depth > 0);
+			end = comment_end(sql, len, i);
 		} else if (ch == '$' && (i == 0 || !(sql[i - 1] == '_' ||
 		                                     (sql[i - 1] >= 'a' && sql[i - 1] <= 'z') ||
 		                                     (sql[i - 1] >= 'A' && sql[i - 1] <= 'Z') ||
 		                                     (sql[i - 1] >= '0' && sql[i - 1] <= '9')))) {
-			/* $tag$ ... $tag$ (tag may be empty). */
-			size_t t = i + 1;
-			const char *close;
-
-			while (t < len && (sql[t] == '_' || (sql[t] >= 'a' && sql[t] <= 'z') ||
-			                   (sql[t] >= 'A' && sql[t] <= 'Z') ||
-			                   (t > i + 1 && sql[t] >= '0' && sql[t] <= '9')))
-				t++;
-			if (t < len && sql[t] == '$') {
-				size_t tag = t + 1 - i;
-				char delim[72];
-
-				if (tag >= sizeof(delim)) {
-					free(buf);
-					return idem__error(IDEM_EINVAL,
-					                   "dollar-quote tag too long");
-				}
-				memcpy(delim, sql + i, tag);
-				delim[tag] = '\0';
-				close = strstr(sql + i + tag, delim);
-				t = close ? (size_t)(close - sql) + tag : len;
-				memcpy(buf + o, sql + i, t - i);
-				o += t - i;
-				i = t;
-			} else {
-				buf[o++] = sql[i++];
+			if ((rc = dollar_end(sql, len, i, &end)) < 0) {
+				free(buf);
+				return rc;
 			}
-		} else {
-			buf[o++] = sql[i++];
 		}
+		memcpy(buf + o, sql + i, end - i);
+		o += end - i;
+		i = end;
 	}
 	buf[o] = '\0';
 	*out = buf;
