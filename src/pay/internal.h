@@ -192,6 +192,8 @@ void pay__dir_remember(idem_pay *pay, const char *merchant, int shard);
 int pay__dir_insert(idem_txn *txn, const char *merchant, int shard, int64_t now);
 /* Copy channel name's row from shard 0 to every other shard (all: name NULL). */
 int pay__channels_sync(idem_pay *router, const char *name);
+/* A router's empty directory cache (NULL: out of memory); free: NULL is fine. */
+pay__dir *pay__dir_new(void);
 void pay__dir_free(pay__dir *d);
 
 /* Stop the transfer driver, if one runs. */

@@ -1,6 +1,6 @@
 /*
- * pay/merchants.c: the domain handle, merchants with their API keys, and
- * channels with their signing secrets.
+ * pay/merchants.c: merchants with their API keys, and channels with their
+ * signing secrets.
  *
  * An API key is "sk_<key id>_<secret>". Only the key id (for the lookup) and
  * the SHA-256 digest of the whole key are stored; the presented key's digest
@@ -29,77 +29,6 @@
 
 #define KEY_ID_HEX     16
 #define KEY_SECRET_HEX 48
-
-int idem_pay_open(idem_pay **out, idem_store *store, const idem_pay_opts *opts)
-{
-	idem_pay_opts defaults = IDEM_PAY_OPTS_INIT;
-	idem_pay *pay;
-
-	*out = NULL;
-	if (!store)
-		return idem__error(IDEM_EINVAL, "idem_pay_open: store is required");
-	if (!opts)
-		opts = &defaults;
-	if (opts->version != IDEM_PAY_OPTS_VERSION || opts->ttl_ms <= 0 ||
-	    opts->notification_ttl_ms <= 0 || opts->mock_channel_delay_ms < 0 ||
-	    opts->channel_workers < 1 || opts->channel_workers > 1024 || opts->channel_queue < 1 ||
-	    (opts->public_url && strlen(opts->public_url) >= sizeof(pay->public_url)))
-		return idem__error(IDEM_EINVAL, "idem_pay_opts out of range");
-	if (!(pay = calloc(1, sizeof(*pay))))
-		return idem__error(IDEM_ENOMEM, "out of memory");
-	if (!(pay->chans = pay__chanstate_new())) {
-		free(pay);
-		return idem__error(IDEM_ENOMEM, "out of memory");
-	}
-	pay->store = store;
-	pay->opts = *opts;
-	if (opts->public_url) {
-		/* notify_url is public_url + "/v1/notifications/<channel>" */
-		size_t n = strlen(opts->public_url);
-
-		memcpy(pay->public_url, opts->public_url, n + 1);
-		while (n > 0 && pay->public_url[n - 1] == '/')
-			pay->public_url[--n] = '\0';
-	}
-	pay->opts.public_url = NULL;
-	pay->auth = pay__authcache_new(); /* without it, every request reads the store */
-	pthread_mutex_init(&pay->pool_lock, NULL);
-	pthread_mutex_init(&pay->channels_lock, NULL);
-	pthread_cond_init(&pay->idle, NULL);
-	/* Channels retry callbacks for more than a day (DESIGN.md §7). */
-	if (pay->opts.notification_ttl_ms < 72LL * 3600 * 1000)
-		pay->opts.notification_ttl_ms = 72LL * 3600 * 1000;
-	if (pay->opts.notification_ttl_ms < pay->opts.ttl_ms)
-		pay->opts.notification_ttl_ms = pay->opts.ttl_ms;
-	*out = pay;
-	return 0;
-}
-
-void idem_pay_close(idem_pay *pay)
-{
-	if (!pay)
-		return;
-	pay__saga_stop(pay);
-	for (int i = 0; i < pay->nshards; i++)
-		idem_pay_close(pay->shards[i]);
-	free(pay->shards);
-	pay__dir_free(pay->dir);
-	/* Two-phase requests hold the store: let them answer first. */
-	pthread_mutex_lock(&pay->channels_lock);
-	while (pay->two_phase > 0)
-		pthread_cond_wait(&pay->idle, &pay->channels_lock);
-	pthread_mutex_unlock(&pay->channels_lock);
-	pay__sweeper_stop(pay);
-	pay__pool_stop(pay->pool); /* runs what is queued: each call answers */
-	if (!pay->router)          /* a shard shares its router's */
-		pay__chanstate_free(pay->chans);
-	pthread_mutex_destroy(&pay->pool_lock);
-	pay__authcache_free(pay->auth);
-	OPENSSL_cleanse(pay->secret_key, sizeof(pay->secret_key));
-	pthread_cond_destroy(&pay->idle);
-	pthread_mutex_destroy(&pay->channels_lock);
-	free(pay);
-}
 
 static int sha256_hex(char out[65], const void *data, size_t len)
 {
