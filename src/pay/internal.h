@@ -287,7 +287,7 @@ void pay__start(pay__op *op, const char *type, const char *natural, int64_t ttl_
 int pay__saga_debit(idem_txn *txn, pay__op *c, const char *to, int to_shard, idem_response *resp);
 
 /* A transfer as its answer shows it: a row of transfers (transfers.c) or of
- * transfer_outbox (saga.c). */
+ * transfer_outbox (saga.c). What both share is in transfer.c. */
 typedef struct {
 	char id[IDEM_PAY_ID_SIZE], no[72], from[IDEM_PAY_ID_SIZE], to[IDEM_PAY_ID_SIZE];
 	char currency[8], status[16], fp[IDEM_FINGERPRINT_LEN + 1];
