@@ -83,6 +83,9 @@ int pay__pool_submit(pay__pool *p, pay__job *job);
 int pay__pool_depth(pay__pool *p);
 /* Run what is queued, then stop the workers and free the pool. NULL is fine. */
 void pay__pool_stop(pay__pool *p);
+/* pay's pool (a shard's: its router's), started on first use; NULL after an
+ * error (set). */
+pay__pool *pay__pool_get(idem_pay *pay);
 
 /* ---- metrics (chanclient.c) ---- */
 

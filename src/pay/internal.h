@@ -48,8 +48,6 @@ struct idem_pay {
 /* ---- connected channels (pay/channel.h has the rest) ---- */
 pay__chanstate *pay__chanstate_new(void);
 void pay__chanstate_free(pay__chanstate *s);
-/* The pool, started on first use; NULL after an error (set). */
-pay__pool *pay__pool_get(idem_pay *pay);
 /*
  * A background thread running fn(arg) every interval_ms (pay/ticker.c):
  * first at once when run_first, else after one interval. A kick runs the

@@ -562,21 +562,6 @@ int pay__channel_exists(idem_pay *pay, idem_txn *txn, const char *name, int *exi
 
 /* ---- connected channels ---------------------------------------------- */
 
-pay__pool *pay__pool_get(idem_pay *pay)
-{
-	pay__pool *p;
-
-	if (pay->router) /* one pool of channel workers for all shards */
-		return pay__pool_get(pay->router);
-	pthread_mutex_lock(&pay->pool_lock);
-	if (!pay->pool &&
-	    pay__pool_start(&pay->pool, pay->opts.channel_workers, pay->opts.channel_queue) < 0)
-		pay->pool = NULL;
-	p = pay->pool;
-	pthread_mutex_unlock(&pay->pool_lock);
-	return p;
-}
-
 typedef struct {
 	char stored[PAY__STORED_SECRET_SIZE];
 	pay__chan *ch;
