@@ -1,5 +1,9 @@
 /*
- * pay/shards.c: sharding by merchant (docs/scaling.md, "Sharding").
+ * pay/shards.c: sharding by merchant (docs/scaling.md, "Sharding"): which
+ * shard a request goes to, the directory of merchants, the ids that carry a
+ * shard, and channel rows copied to every shard. The request files route
+ * through it; it never opens or closes a handle (pay.c does) and never runs
+ * a request itself.
  *
  * A router handle (idem_pay_open_shards, in pay.c) holds one plain handle
  * per store. A merchant lives on exactly one shard: at creation, shard =
