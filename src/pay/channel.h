@@ -23,12 +23,14 @@ typedef struct {
 	int64_t timeout_ms;
 } pay__chan;
 
+/* ---- the client (chanclient.c) ---- */
+
 /*
  * The configuration of channel name, from a cache refreshed every few
  * seconds. *found 0 when no such channel. The caller cleanses out->secret.
  */
 int pay__chan_get(idem_pay *pay, const char *name, pay__chan *out, int *found);
-/* The same from the store, uncached (merchants.c). */
+/* The same from the store, uncached (chanconfig.c). */
 int pay__chan_load(idem_pay *pay, const char *name, pay__chan *out, int *found);
 
 /* What a channel's answer means (CHANNEL.md, "Outcomes"). */
@@ -55,6 +57,7 @@ typedef struct {
 	char why[96];    /* UNKNOWN: what went wrong (for the log; never a secret) */
 } pay__ch_reply;
 
+/* Free r's document and zero it (a cleared reply is ready for another call). */
 void pay__ch_reply_clear(pay__ch_reply *r);
 
 /*
@@ -77,16 +80,23 @@ struct pay__job {
 
 typedef struct pay__pool pay__pool;
 
+/* workers threads, each with its own curl handle, and a queue of queue_max. */
 int pay__pool_start(pay__pool **out, int workers, int queue_max);
 /* Queue job: 0, or IDEM_ERETRY when the queue is full or the pool stopping. */
 int pay__pool_submit(pay__pool *p, pay__job *job);
+/* Jobs waiting for a worker (0 for no pool). */
 int pay__pool_depth(pay__pool *p);
 /* Run what is queued, then stop the workers and free the pool. NULL is fine. */
 void pay__pool_stop(pay__pool *p);
+/* pay's pool (a shard's: its router's), started on first use; NULL after an
+ * error (set). */
+pay__pool *pay__pool_get(idem_pay *pay);
 
 /* ---- metrics (chanclient.c) ---- */
 
+/* Count one call to channel by kind and outcome (idem_pay_metrics_text). */
 void pay__ch_count(idem_pay *pay, const char *channel, pay__ch_kind call, pay__ch_outcome outcome);
+/* Count a sweeper pass (outcome NULL) or a request it resolved, by outcome. */
 void pay__sweep_count(idem_pay *pay, const char *outcome);
 
 /* ---- the flows (chanpay.c) ---- */

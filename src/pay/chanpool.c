@@ -5,7 +5,9 @@
  * job that does not fit is refused at once (the caller answers 503), never
  * queued without bound and never given a thread of its own. A job runs
  * under the deadline of the request that submitted it (its queue wait
- * counts), never under an earlier job's.
+ * counts), never under an earlier job's. A handle starts its pool at the
+ * first call that needs one (pay__pool_get); the shards of a router share
+ * the router's.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -131,4 +133,19 @@ void pay__pool_stop(pay__pool *p)
 	pthread_mutex_destroy(&p->lock);
 	free(p->threads);
 	free(p);
+}
+
+pay__pool *pay__pool_get(idem_pay *pay)
+{
+	pay__pool *p;
+
+	if (pay->router) /* one pool of channel workers for all shards */
+		return pay__pool_get(pay->router);
+	pthread_mutex_lock(&pay->pool_lock);
+	if (!pay->pool &&
+	    pay__pool_start(&pay->pool, pay->opts.channel_workers, pay->opts.channel_queue) < 0)
+		pay->pool = NULL;
+	p = pay->pool;
+	pthread_mutex_unlock(&pay->pool_lock);
+	return p;
 }

@@ -2,6 +2,15 @@
  * pay/internal.h: what the payment domain's files share: the handle, JSON
  * answers and input checks, ids and times, the ledger, and the request
  * pipeline every write goes through (validate, fingerprint, claim, run).
+ * Each section names the file that defines it. Calls between the files go
+ * down, never back up (scripts/check-layers.py): pay.c, the handle's
+ * lifecycle, calls what it starts and nothing calls it; the sweeper sits on
+ * the status moves of chanpay.c and refunds.c; the request files (payments,
+ * refunds, transfers, notifications, reads, recon, admin) on the channel
+ * flows, the saga, the pipeline and the shard routing; at the bottom is what
+ * they all share: answers, input, the ledger, the payment row (payment.c),
+ * a transfer's decision (transfer.c), channel configuration (chanconfig.c),
+ * the pool and the ticker.
  */
 #ifndef IDEM_PAY_INTERNAL_H
 #define IDEM_PAY_INTERNAL_H
@@ -45,15 +54,33 @@ struct idem_pay {
 	pay__saga *saga;  /* the router's transfer driver (NULL: none runs) */
 };
 
-/* ---- connected channels (pay/channel.h has the rest) ---- */
+/* ---- channels as configured (chanconfig.c; pay/channel.h has the calls) ---- */
+
+/* Room for a channel secret as stored: plain, or sealed (util/secretbox.h). */
+#define PAY__STORED_SECRET_SIZE 256
+/* The secret as it is to be stored for channel: sealed when a key is set. */
+int pay__secret_seal(idem_pay *pay, const char *channel, const char *secret,
+                     char out[PAY__STORED_SECRET_SIZE]);
+/* Whether channel exists: from memory, else from the store (inside txn). */
+int pay__channel_exists(idem_pay *pay, idem_txn *txn, const char *name, int *exists);
+
+/* ---- what the handle starts and stops (pay.c) ---- */
+
+/* Connected channels' configuration cache and counters (chanclient.c), one
+ * for a router and its shards: NULL when out of memory; free takes NULL. */
 pay__chanstate *pay__chanstate_new(void);
 void pay__chanstate_free(pay__chanstate *s);
-/* The pool, started on first use; NULL after an error (set). */
-pay__pool *pay__pool_get(idem_pay *pay);
+/* Stop the sweeper thread, if one runs (sweeper.c). */
+void pay__sweeper_stop(idem_pay *pay);
+/* Stop the transfer driver, if one runs (saga.c). */
+void pay__saga_stop(idem_pay *pay);
+
+/* ---- background threads (ticker.c): the sweeper's and the saga's ---- */
+
 /*
- * A background thread running fn(arg) every interval_ms (pay/ticker.c):
- * first at once when run_first, else after one interval. A kick runs the
- * next pass at once; stop waits for a pass under way and frees t.
+ * A thread running fn(arg) every interval_ms: first at once when run_first,
+ * else after one interval. A kick runs the next pass at once; stop waits
+ * for a pass under way and frees t.
  */
 typedef struct pay__ticker pay__ticker;
 typedef void (*pay__tick_fn)(void *arg);
@@ -62,21 +89,15 @@ int pay__ticker_start(pay__ticker **out, int64_t interval_ms, int run_first, pay
 void pay__ticker_kick(pay__ticker *t);
 void pay__ticker_stop(pay__ticker *t);
 
-/* Stop the sweeper thread, if one runs (sweeper.c). */
-void pay__sweeper_stop(idem_pay *pay);
-
-/* Room for a channel secret as stored: plain, or sealed (util/secretbox.h). */
-#define PAY__STORED_SECRET_SIZE 256
-/* The secret as it is to be stored for channel: sealed when a key is set. */
-int pay__secret_seal(idem_pay *pay, const char *channel, const char *secret,
-                     char out[PAY__STORED_SECRET_SIZE]);
-
 /* ---- the cache of verified API keys (authcache.c) ---- */
+
+/* An empty cache: NULL when out of memory; free takes NULL. */
 pay__authcache *pay__authcache_new(void);
 void pay__authcache_free(pay__authcache *c);
 /* 1 and merchant set when digest was verified less than the TTL ago. */
 int pay__authcache_get(pay__authcache *c, const char digest[65], int64_t now,
                        char merchant[IDEM_PAY_ID_SIZE]);
+/* Remember that the store confirmed digest as merchant's key at now. */
 void pay__authcache_put(pay__authcache *c, const char digest[65], int64_t now,
                         const char *merchant);
 /* Drop every entry of merchant (its key was rotated here). */
@@ -88,10 +109,7 @@ void pay__authcache_forget(pay__authcache *c, const char *merchant);
  */
 int pay__digest_equal(const char a[64], const char b[64]);
 
-/* Whether channel exists: from memory, else from the store (inside txn). */
-int pay__channel_exists(idem_pay *pay, idem_txn *txn, const char *name, int *exists);
-
-/* ---- answers ---- */
+/* ---- answers (answer.c) ---- */
 
 /* Set resp to status with obj serialised compactly (obj is not consumed). */
 int pay__json(idem_response *resp, int status, json_t *obj);
@@ -102,7 +120,7 @@ int pay__read_answer(idem_result *out, json_t *obj);
 /* An answer given before any claim (validation): FIRST, not stored. */
 int pay__reject(idem_result *out, int status, const char *code, const char *detail);
 
-/* ---- input ---- */
+/* ---- input (input.c) ---- */
 
 typedef enum { F_STRING, F_INT, F_OBJECT } pay__ftype;
 
@@ -151,11 +169,13 @@ int pay__fingerprint(char out[IDEM_FINGERPRINT_LEN + 1], const idem_pay_request 
 const char *pay__str(json_t *doc, const char *name);
 int64_t pay__int(json_t *doc, const char *name);
 
+/* The checks behind V_AMOUNT, V_CURRENCY and V_CHANNEL, also for input from
+ * elsewhere (reconciliation files, channel names in admin calls): 1 valid. */
 int pay__valid_amount(int64_t amount);
 int pay__valid_currency(const char *s);
 int pay__valid_channel_name(const char *s);
 
-/* ---- ids and time ---- */
+/* ---- ids and time (input.c; the shard in an id: shards.c) ---- */
 
 /*
  * A new id for a row of shard: prefix + 32 random hex digits on shard 0 (the
@@ -168,8 +188,12 @@ int pay__id_shard(const char *id);
 /* An API key id for pay's shard: 16 hex digits on shard 0, else "s" + the
  * shard's three digits + 12 hex digits (16 characters either way). */
 int pay__new_key_id(const idem_pay *pay, char out[17]);
+/* The store's clock, in ms (idem_store_now). */
+int64_t pay__now(const idem_pay *pay);
+/* RFC 3339 UTC with milliseconds. */
+void pay__time(char out[32], int64_t ms);
 
-/* ---- shards (pay/shards.c) ---- */
+/* ---- shards (shards.c) ---- */
 
 /*
  * The handle merchant's requests go to: pay itself when it is not a router,
@@ -192,15 +216,11 @@ void pay__dir_remember(idem_pay *pay, const char *merchant, int shard);
 int pay__dir_insert(idem_txn *txn, const char *merchant, int shard, int64_t now);
 /* Copy channel name's row from shard 0 to every other shard (all: name NULL). */
 int pay__channels_sync(idem_pay *router, const char *name);
+/* A router's empty directory cache (NULL: out of memory); free: NULL is fine. */
+pay__dir *pay__dir_new(void);
 void pay__dir_free(pay__dir *d);
 
-/* Stop the transfer driver, if one runs. */
-void pay__saga_stop(idem_pay *pay);
-int64_t pay__now(const idem_pay *pay);
-/* RFC 3339 UTC with milliseconds. */
-void pay__time(char out[32], int64_t ms);
-
-/* ---- the ledger ---- */
+/* ---- the ledger (ledger.c) ---- */
 
 /*
  * Serialise every balance-changing unit of one merchant: a conditional write
@@ -224,7 +244,7 @@ int pay__overflow_problem(idem_response *resp);
 int pay__post(idem_txn *txn, const char *merchant, const char *currency, int64_t amount,
               const char *kind, const char *ref, int64_t now);
 
-/* ---- the pipeline ---- */
+/* ---- the pipeline (pipeline.c) ---- */
 
 /*
  * One write request on its way through the pipeline. Work functions get it
@@ -277,6 +297,12 @@ void pay__op_request(pay__op *op, const char *type, const char *natural, int64_t
 void pay__start(pay__op *op, const char *type, const char *natural, int64_t ttl_ms,
                 idem_work_fn work, void (*before_work)(idem_pay *pay), int backstop);
 
+/* The synchronous form of an async write: wait for its answer. */
+typedef void (*pay__async_fn)(idem_pay *, const idem_pay_request *, idem_done_fn, void *);
+int pay__wait(idem_result *out, idem_pay *pay, const idem_pay_request *rq, pay__async_fn fn);
+
+/* ---- transfers: what transfers.c calls below it (saga.c, transfer.c) ---- */
+
 /*
  * A transfer to a merchant on another shard, step 1 of the saga (saga.c):
  * in the request's unit on the payer's shard, debit the payer and write the
@@ -285,7 +311,7 @@ void pay__start(pay__op *op, const char *type, const char *natural, int64_t ttl_
 int pay__saga_debit(idem_txn *txn, pay__op *c, const char *to, int to_shard, idem_response *resp);
 
 /* A transfer as its answer shows it: a row of transfers (transfers.c) or of
- * transfer_outbox (saga.c). */
+ * transfer_outbox (saga.c). What both share is in transfer.c. */
 typedef struct {
 	char id[IDEM_PAY_ID_SIZE], no[72], from[IDEM_PAY_ID_SIZE], to[IDEM_PAY_ID_SIZE];
 	char currency[8], status[16], fp[IDEM_FINGERPRINT_LEN + 1];
@@ -309,11 +335,7 @@ int pay__transfer_check(idem_txn *txn, const pay__transfer_row *t, const char *f
                         const char *payer, const char *currency, int64_t amount,
                         idem_response *resp);
 
-/* The synchronous form of an async write: wait for its answer. */
-typedef void (*pay__async_fn)(idem_pay *, const idem_pay_request *, idem_done_fn, void *);
-int pay__wait(idem_result *out, idem_pay *pay, const idem_pay_request *rq, pay__async_fn fn);
-
-/* ---- row access ---- */
+/* ---- row access (input.c) ---- */
 
 /* Copy a text column into out (size n); "" for NULL. */
 void pay__col_text(char *out, size_t n, const idem_value *col);

@@ -1,4 +1,4 @@
-/* pay/payment.h: the payment row as the domain files share it. */
+/* pay/payment.h: the payment row as the domain files share it (payment.c). */
 #ifndef IDEM_PAY_PAYMENT_H
 #define IDEM_PAY_PAYMENT_H
 
@@ -20,6 +20,7 @@ typedef struct {
 	int found;
 } pay__payment;
 
+/* Free p's owned strings and zero it (a cleared row is not found). */
 void pay__payment_clear(pay__payment *p);
 
 /* Load a payment by id (merchant may be NULL: any merchant) inside txn, or

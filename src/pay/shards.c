@@ -1,8 +1,12 @@
 /*
- * pay/shards.c: sharding by merchant (docs/scaling.md, "Sharding").
+ * pay/shards.c: sharding by merchant (docs/scaling.md, "Sharding"): which
+ * shard a request goes to, the directory of merchants, the ids that carry a
+ * shard, and channel rows copied to every shard. The request files route
+ * through it; it never opens or closes a handle (pay.c does) and never runs
+ * a request itself.
  *
- * A router handle (idem_pay_open_shards) holds one plain handle per store.
- * A merchant lives on exactly one shard: at creation, shard =
+ * A router handle (idem_pay_open_shards, in pay.c) holds one plain handle
+ * per store. A merchant lives on exactly one shard: at creation, shard =
  * SHA-256(merchant id), its first 8 bytes as a big-endian integer, modulo the
  * number of shards configured then, and the choice is recorded in the
  * directory table merchant_shards on shard 0. Adding a shard changes where
@@ -42,7 +46,7 @@ struct pay__dir {
 	dir_slot slots[DIR_SLOTS];
 };
 
-static pay__dir *dir_new(void)
+pay__dir *pay__dir_new(void)
 {
 	pay__dir *d = calloc(1, sizeof(*d));
 
@@ -381,54 +385,4 @@ int pay__channels_sync(idem_pay *router, const char *name)
 		free(r.rows);
 	}
 	return rc;
-}
-
-/* ---- the router ---------------------------------------------------------- */
-
-int idem_pay_open_shards(idem_pay **out, idem_store *const *stores, int n,
-                         const idem_pay_opts *opts)
-{
-	idem_pay *r = NULL;
-	int rc, version = 0, current = 1;
-
-	*out = NULL;
-	if (!stores || n < 1 || n > 1000)
-		return idem__error(IDEM_EINVAL, "idem_pay_open_shards: 1..1000 stores");
-	for (int i = 0; i < n; i++)
-		if (!stores[i])
-			return idem__error(IDEM_EINVAL, "idem_pay_open_shards: store %d is NULL",
-			                   i);
-	if (n == 1)
-		return idem_pay_open(out, stores[0], opts);
-	if ((rc = idem_pay_open(&r, stores[0], opts)) < 0)
-		return rc;
-	if (!(r->shards = calloc((size_t)n, sizeof(*r->shards))) || !(r->dir = dir_new())) {
-		idem_pay_close(r);
-		return idem__error(IDEM_ENOMEM, "out of memory");
-	}
-	for (int i = 0; i < n; i++) {
-		idem_pay *s;
-
-		if ((rc = idem_pay_open(&s, stores[i], opts)) < 0) {
-			idem_pay_close(r);
-			return rc;
-		}
-		/* One set of channel counters and one worker pool for all shards. */
-		pay__chanstate_free(s->chans);
-		s->chans = r->chans;
-		s->router = r;
-		s->shard = i;
-		r->shards[r->nshards++] = s;
-	}
-	/* Channels to a shard added since (not before the stores are migrated:
-	 * `idemctl migrate` opens them as they are). */
-	for (int i = 0; i < n && current; i++)
-		current = idem_store_schema_version(stores[i], &version) == 0 &&
-		          version >= idem_store_schema_latest(stores[i]);
-	if (current && (rc = pay__channels_sync(r, NULL)) < 0) {
-		idem_pay_close(r);
-		return rc;
-	}
-	*out = r;
-	return 0;
 }

@@ -403,6 +403,64 @@ static int sweep_refunds(idem_pay *pay, CURL *h, int64_t now, int64_t age_ms, in
 	return rc;
 }
 
+/* A router sweeps each shard, each under its own lease. */
+static int sweep_shards(idem_pay *pay, int64_t age_ms, int *ran, int *resolved)
+{
+	int rc;
+
+	for (int i = 0; i < pay->nshards; i++) {
+		int r = 0, n = 0;
+
+		if ((rc = idem_pay_sweep(pay->shards[i], age_ms, &r, &n)) < 0)
+			return rc;
+		if (ran)
+			*ran |= r;
+		if (resolved)
+			*resolved += n;
+	}
+	return 0;
+}
+
+/* Payments 'creating' since now - age_ms or longer whose claim no one holds. */
+static int stale_payments(idem_pay *pay, int64_t now, int64_t age_ms, cands *list)
+{
+	idem_value v[2] = {IDEM_V_INT(now - age_ms), IDEM_V_INT(now)};
+
+	return idem_store_query(
+	    pay->store,
+	    "SELECT id, merchant_id, channel, idem_key, updated_at, amount FROM payments"
+	    " WHERE status = 'creating' AND updated_at <= ? AND NOT EXISTS ("
+	    "SELECT 1 FROM idem_records r WHERE r.scope = payments.merchant_id"
+	    " AND r.business_type = 'payment' AND r.idem_key = payments.idem_key"
+	    " AND r.status = 'PROCESSING' AND r.lease_until > ?)"
+	    " ORDER BY updated_at LIMIT 100",
+	    v, 2, read_cand, list);
+}
+
+/*
+ * Resolve each payment of list, renewing the lease before each one. When
+ * the lease is lost, l->held is 0 on return and the pass ends: whoever
+ * holds it now goes on.
+ */
+static int sweep_payments(idem_pay *pay, CURL *h, lease *l, const cands *list, int *resolved)
+{
+	int rc = 0;
+
+	for (int i = 0; rc == 0 && i < list->n; i++) {
+		int n;
+
+		l->now = pay__now(pay);
+		l->until = l->now + LEASE_MS;
+		if ((rc = idem_store_transact(pay->store, lease_step, l)) < 0 || !l->held)
+			return rc;
+		n = sweep_one(pay, h, &list->c[i], pay__now(pay));
+
+		if (resolved)
+			*resolved += n;
+	}
+	return rc;
+}
+
 int idem_pay_sweep(idem_pay *pay, int64_t age_ms, int *ran, int *resolved)
 {
 	char holder[33];
@@ -419,18 +477,8 @@ int idem_pay_sweep(idem_pay *pay, int64_t age_ms, int *ran, int *resolved)
 		*resolved = 0;
 	if (!pay || age_ms < 0)
 		return idem__error(IDEM_EINVAL, "idem_pay_sweep: bad arguments");
-	for (int i = 0; i < pay->nshards; i++) { /* each shard has its own lease */
-		int r = 0, n = 0;
-
-		if ((rc = idem_pay_sweep(pay->shards[i], age_ms, &r, &n)) < 0)
-			return rc;
-		if (ran)
-			*ran |= r;
-		if (resolved)
-			*resolved += n;
-	}
 	if (pay->nshards)
-		return 0;
+		return sweep_shards(pay, age_ms, ran, resolved);
 	if ((rc = idem__rand_hex(holder, 16)) < 0)
 		return rc;
 	now = pay__now(pay);
@@ -445,32 +493,9 @@ int idem_pay_sweep(idem_pay *pay, int64_t age_ms, int *ran, int *resolved)
 		goto release;
 	}
 	list.c = buf;
-	{
-		idem_value v[2] = {IDEM_V_INT(now - age_ms), IDEM_V_INT(now)};
-
-		rc = idem_store_query(
-		    pay->store,
-		    "SELECT id, merchant_id, channel, idem_key, updated_at, amount FROM payments"
-		    " WHERE status = 'creating' AND updated_at <= ? AND NOT EXISTS ("
-		    "SELECT 1 FROM idem_records r WHERE r.scope = payments.merchant_id"
-		    " AND r.business_type = 'payment' AND r.idem_key = payments.idem_key"
-		    " AND r.status = 'PROCESSING' AND r.lease_until > ?)"
-		    " ORDER BY updated_at LIMIT 100",
-		    v, 2, read_cand, &list);
-	}
-	for (int i = 0; rc == 0 && i < list.n; i++) {
-		int n;
-
-		l.now = pay__now(pay);
-		l.until = l.now + LEASE_MS;
-		if ((rc = idem_store_transact(pay->store, lease_step, &l)) < 0 || !l.held)
-			goto release; /* lost it: whoever holds it now goes on */
-		n = sweep_one(pay, h, &list.c[i], pay__now(pay));
-
-		if (resolved)
-			*resolved += n;
-	}
-	if (rc == 0) {
+	if ((rc = stale_payments(pay, now, age_ms, &list)) == 0)
+		rc = sweep_payments(pay, h, &l, &list, resolved);
+	if (rc == 0 && l.held) {
 		int n = 0;
 
 		rc = settle_orphans(pay, pay__now(pay), &n);
