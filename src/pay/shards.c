@@ -24,7 +24,6 @@
  * request still reads only its own shard.
  */
 #include <openssl/crypto.h>
-#include <openssl/evp.h>
 #include <stdlib.h>
 #include <string.h>
 

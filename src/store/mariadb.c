@@ -2,11 +2,14 @@
  * store/mariadb.c: the MariaDB dialect driver, on MariaDB Connector/C,
  * behind the shared server-backend core (netdb.c: pools, deadlines,
  * stale-connection retries, transaction framing, savepoints, schema
- * version, purge). Here: URL parsing, connecting (never with the driver's
- * own auto-reconnect, which would silently continue a dead transaction in
- * autocommit), error classification, statements (mysql_stmt_*, prepared
- * once per connection, keyed by their SQL text), result conversion, the
- * claim INSERT, migrations under GET_LOCK. Every session is InnoDB,
+ * version, purge). Here: connecting (never with the driver's own
+ * auto-reconnect, which would silently continue a dead transaction in
+ * autocommit), the driver table, the claim INSERT, migrations under
+ * GET_LOCK. Beside it, called from here and never calling back:
+ * mariadb_stmt.c (statements, prepared once per connection and keyed by
+ * their SQL text, and result conversion) above mariadb_io.c (error
+ * classification, the bounded non-blocking calls); mariadb_url.c parses
+ * URLs. Every session is InnoDB,
  * utf8mb4, READ COMMITTED, STRICT_ALL_TABLES and SIMULTANEOUS_ASSIGNMENT
  * (UPDATE's SET sees old values, as elsewhere).
  *
@@ -30,10 +33,8 @@
  * URL (it may hold a password) into an error message.
  */
 #include <errmsg.h>
-#include <errno.h>
 #include <mysql.h>
 #include <mysqld_error.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
