@@ -109,6 +109,9 @@ static int parse_request(http_req *r, char *p, char *end, char **method, char **
 		if (!colon)
 			continue;
 		*colon++ = '\0';
+		/* libmicrohttpd hands a value over without the blanks after the colon */
+		while (colon < line + n && (*colon == ' ' || *colon == '\t'))
+			colon++;
 		r->headers[r->nheaders++] = (glue_field){line, colon, (size_t)(line + n - colon)};
 	}
 	r->body = p < end ? p : "";
