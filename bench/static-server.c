@@ -4,8 +4,11 @@
  * pool, the same connection limits), reading each request body and
  * answering every request with one fixed JSON body the size of a payment.
  * No parsing, no auth, no store: whatever idemd costs above this is idemd.
+ * --thread-per-connection runs libmicrohttpd the way idemd does since issue
+ * 13 (a thread per connection, poll), so that the price of that choice can
+ * be told apart from idemd's own work (docs/benchmarks.md).
  *
- *   static-server --listen 127.0.0.1:PORT [--threads N]
+ *   static-server --listen 127.0.0.1:PORT [--threads N | --thread-per-connection]
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -63,7 +66,7 @@ int main(int argc, char **argv)
 	char host[64];
 	long threads = 8, port;
 	sigset_t sigs;
-	int sig = 0;
+	int sig = 0, per_conn = 0;
 
 	for (int i = 1; i < argc; i++) {
 		char *end = NULL;
@@ -77,8 +80,11 @@ int main(int argc, char **argv)
 				fprintf(stderr, "static-server: bad --threads\n");
 				return 2;
 			}
+		} else if (strcmp(argv[i], "--thread-per-connection") == 0) {
+			per_conn = 1;
 		} else {
-			fprintf(stderr, "usage: static-server --listen HOST:PORT [--threads N]\n");
+			fprintf(stderr, "usage: static-server --listen HOST:PORT [--threads N | "
+			                "--thread-per-connection]\n");
 			return 2;
 		}
 	}
@@ -101,17 +107,30 @@ int main(int argc, char **argv)
 	sigaddset(&sigs, SIGTERM);
 	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
 	signal(SIGPIPE, SIG_IGN);
-	d = MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG, 0,
-	                     NULL, NULL, on_request, NULL, MHD_OPTION_SOCK_ADDR,
-	                     (struct sockaddr *)&sa, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)threads,
-	                     MHD_OPTION_CONNECTION_LIMIT, 1024u, MHD_OPTION_CONNECTION_TIMEOUT, 30u,
-	                     MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024,
-	                     MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u, MHD_OPTION_END);
+	if (per_conn) /* idemd's flags and stack size (src/server/http.c) */
+		d = MHD_start_daemon(
+		    MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
+		        MHD_USE_ITC | MHD_USE_ERROR_LOG,
+		    0, NULL, NULL, on_request, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+		    MHD_OPTION_THREAD_STACK_SIZE, (size_t)1024 * 1024, MHD_OPTION_CONNECTION_LIMIT,
+		    1024u, MHD_OPTION_CONNECTION_TIMEOUT, 30u, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+		    (size_t)64 * 1024, MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u, MHD_OPTION_END);
+	else
+		d = MHD_start_daemon(
+		    MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG, 0, NULL, NULL,
+		    on_request, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+		    MHD_OPTION_THREAD_POOL_SIZE, (unsigned)threads, MHD_OPTION_CONNECTION_LIMIT,
+		    1024u, MHD_OPTION_CONNECTION_TIMEOUT, 30u, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+		    (size_t)64 * 1024, MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u, MHD_OPTION_END);
 	if (!d) {
 		fprintf(stderr, "static-server: cannot listen on %s\n", listen);
 		return 1;
 	}
-	fprintf(stderr, "static-server: listening on %s, %ld threads\n", listen, threads);
+	if (per_conn)
+		fprintf(stderr, "static-server: listening on %s, a thread per connection\n",
+		        listen);
+	else
+		fprintf(stderr, "static-server: listening on %s, %ld threads\n", listen, threads);
 	sigwait(&sigs, &sig);
 	MHD_stop_daemon(d);
 	return 0;
