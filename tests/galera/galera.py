@@ -120,6 +120,24 @@ class Cluster:
             out[k] = v
         return out
 
+    def describe(self, lines=15):
+        """Every node's process, wsrep state and the end of its server.log:
+        what a failed wait needs to be understood after the cluster is gone."""
+        out = []
+        for i in range(self.n):
+            st = self.status(i)
+            out.append("node %d: pid %s, %s" % (
+                i + 1, self.pid(i), {k: st.get(k) for k in (
+                    "wsrep_local_state_comment", "wsrep_cluster_status",
+                    "wsrep_cluster_size", "wsrep_ready")} if st else "not answering"))
+            try:
+                with open(os.path.join(self.dir(i), "server.log"), errors="replace") as f:
+                    tail = f.readlines()[-lines:]
+                out.extend("  | " + line.rstrip() for line in tail)
+            except OSError as e:
+                out.append("  (no server.log: %s)" % e)
+        return "\n".join(out)
+
     def wait(self, i, size, primary=True, timeout=90):
         """Until node i is Synced in a primary component of size nodes (or,
         primary False, non-primary). Returns the seconds it took."""
@@ -134,11 +152,12 @@ class Cluster:
             if not primary and last and last.get("wsrep_cluster_status") != "Primary":
                 return time.monotonic() - t0
             time.sleep(0.2)
-        raise AssertionError("node %d: not %s with %d nodes within %ds: %r"
+        raise AssertionError("node %d: not %s with %d nodes within %ds: %r\n%s"
                              % (i + 1, "Synced" if primary else "non-primary", size, timeout,
                                 {k: last.get(k) for k in ("wsrep_local_state_comment",
                                                           "wsrep_cluster_status",
-                                                          "wsrep_cluster_size")}))
+                                                          "wsrep_cluster_size")},
+                                self.describe()))
 
     def heal(self, timeout=120):
         """Start every node that is down and wait until all are Synced."""

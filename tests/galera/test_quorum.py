@@ -76,7 +76,11 @@ class Quorum(galera.ClusterTest):
                                               r.json()["id"], False))
                         break
                 time.sleep(0.1)
-            self.assertIsNotNone(back, "node 1 did not serve again after node 3 returned")
+            if back is None:
+                self.fail("node 1 did not serve again within 120 s of node 3's start.sh; last"
+                          " answer: %s\n%s\nnode 1's idemd:\n%s"
+                          % (probes.rows[-1] if probes.rows else None, cl.describe(),
+                             srv[LAST].log_tail()))
             primary = cl.wait(LAST, cl.n - 1, timeout=60)
             cl.start(FIRST)
             for i in range(cl.n):
