@@ -5,6 +5,7 @@
  * (both included here, so code written against the one header still
  * builds). idemctl is built on these calls and holds no SQL; like the rest
  * of the library nothing here prints, exits or reads the environment.
+ * NULL handle, callback or required pointer: IDEM_EINVAL (idem/common.h).
  */
 #ifndef IDEM_ADMIN_H
 #define IDEM_ADMIN_H
@@ -38,7 +39,8 @@ IDEM_EXTERN int idem_admin_merchant_list(idem_pay *pay, idem_admin_entry_fn fn, 
 /*
  * Give merchant a new API key, printed by the caller once: only its digest is
  * stored, and the old key stops working at the commit.
- * key_out: receives "sk_…". Returns 0; IDEM_ENOTFOUND for no such merchant.
+ * key_out: receives "sk_…" ("" after an error). Returns 0; IDEM_ENOTFOUND for
+ * no such merchant (a malformed id included); IDEM_EINVAL for a NULL one.
  */
 IDEM_EXTERN int idem_admin_merchant_rotate_key(idem_pay *pay, const char *merchant_id,
                                                char key_out[IDEM_PAY_SECRET_SIZE]);
@@ -48,7 +50,8 @@ IDEM_EXTERN int idem_admin_channel_list(idem_pay *pay, idem_admin_entry_fn fn, v
 
 /*
  * Give channel a new signing secret (secret_out); the old one stops
- * verifying at the commit. Returns 0; IDEM_ENOTFOUND for no such channel.
+ * verifying at the commit. Returns 0; IDEM_ENOTFOUND for no such channel (a
+ * malformed name included); IDEM_EINVAL for a NULL one.
  */
 IDEM_EXTERN int idem_admin_channel_rotate_secret(idem_pay *pay, const char *channel,
                                                  char secret_out[IDEM_PAY_SECRET_SIZE]);

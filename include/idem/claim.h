@@ -11,6 +11,9 @@
  *    transaction. Nothing PROCESSING is ever committed.
  *  - two-phase (idem_claim_begin / _complete / _abort): the claim commits
  *    PROCESSING with a lease, for work that calls outside the database.
+ *
+ * NULL handle or required pointer: IDEM_EINVAL (idem/common.h). An out
+ * result that is given is cleared first, so it may be cleared after any error.
  */
 #ifndef IDEM_CLAIM_H
 #define IDEM_CLAIM_H
@@ -83,8 +86,8 @@ typedef struct {
 } idem_response;
 
 /*
- * Set resp's status and a copy of body. Returns 0 or IDEM_ENOMEM.
- * Replaces (and frees) a body set before.
+ * Set resp's status and a copy of body (NULL when len is 0). Returns 0,
+ * IDEM_EINVAL, or IDEM_ENOMEM. Replaces (and frees) a body set before.
  */
 IDEM_EXTERN int idem_response_set(idem_response *resp, int http_status, const void *body,
                                   size_t len);
@@ -126,7 +129,9 @@ typedef void (*idem_done_fn)(void *ctx, int rc, idem_result *res);
  * transaction's COMMIT returned, so an acknowledged answer is durable. With
  * group commit off, the unit runs here and done is called before return.
  * req's strings, work and ctx must stay valid until done has been called;
- * work runs on the writer thread. done is called exactly once.
+ * work runs on the writer thread. done is called exactly once: with
+ * IDEM_EINVAL and an empty result when store, req or work is NULL. done NULL:
+ * nothing runs (there is nobody to answer).
  */
 IDEM_EXTERN void idem_execute_async(idem_store *store, const idem_request *req, idem_work_fn work,
                                     void *ctx, idem_done_fn done, void *done_ctx);
@@ -139,6 +144,7 @@ typedef struct idem_claim idem_claim;
  * out_claim: receives a claim handle when the outcome is FIRST (NULL otherwise);
  *            finish it with idem_claim_complete or idem_claim_abort, then free it.
  * out:       receives the outcome (and the stored response for REPLAY).
+ * store, req: required.
  */
 IDEM_EXTERN int idem_claim_begin(idem_claim **out_claim, idem_result *out, idem_store *store,
                                  const idem_request *req);
@@ -171,7 +177,8 @@ IDEM_EXTERN int idem_claim_finish(idem_result *out, idem_claim *claim, idem_work
  * resp->http_status 0 keeps the claim PROCESSING (with prep's rows) and
  * hands it out; prep setting an answer ends the request at once: stored and
  * the record completed (resp->persist 1) or, with persist 0, the claim and
- * prep's rows rolled back and the answer given once (out->stored 0). For
+ * prep's rows rolled back and the answer given once (out->stored 0). prep
+ * NULL: idem_claim_begin. For
  * the two-phase call whose downstream number (a payment id sent to a
  * channel) must exist before the call and survive every retry.
  */
@@ -181,7 +188,8 @@ IDEM_EXTERN int idem_claim_begin_with(idem_claim **out_claim, idem_result *out, 
 /*
  * Inside txn: complete the record of (scope, business_type, key) with this
  * answer when it is PROCESSING and its lease has run out (its owner died or
- * gave up); otherwise leave it. *settled 1 when it was completed. For a
+ * gave up); otherwise leave it. *settled 1 when it was completed (settled
+ * is required; body may be NULL when len is 0). For a
  * sweeper that resolved the request's business outcome itself, so that a
  * later retry replays the answer instead of running again.
  */
@@ -218,6 +226,7 @@ typedef struct {
 IDEM_EXTERN int idem_record_get(idem_record_info *out, idem_store *store, const char *scope,
                                 const char *business_type, const char *key, size_t key_len);
 
+/* Free what info owns and zero it. NULL is accepted. */
 IDEM_EXTERN void idem_record_info_clear(idem_record_info *info);
 
 #ifdef __cplusplus

@@ -3,6 +3,14 @@
  * detail shared by every part of the public API. Nothing here allocates; the
  * error detail is per thread and is overwritten by the next failing call made
  * on that thread.
+ *
+ * Arguments. Every public call checks what its header states about its
+ * arguments (libgit2's GIT_ASSERT_ARG): a NULL handle, or NULL for a
+ * pointer the call needs, is answered IDEM_EINVAL with the argument named in
+ * idem_error_last() ("idem_store_ping: invalid argument: store"), never a
+ * crash or an abort. A call that returns something other than an error code
+ * says what it answers instead; calls that accept NULL (close, free, clear,
+ * optional out-params and options) say so.
  */
 #ifndef IDEM_COMMON_H
 #define IDEM_COMMON_H

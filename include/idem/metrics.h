@@ -1,6 +1,8 @@
 /*
  * idem/metrics.h: counters a store keeps per business type and outcome, and
- * store errors per class. Reading them never touches the database.
+ * store errors per class. Reading them never touches the database. A NULL
+ * store or out reads nothing: the void calls return at once, the counts are
+ * 0, with IDEM_EINVAL naming the argument in idem_error_last().
  */
 #ifndef IDEM_METRICS_H
 #define IDEM_METRICS_H
@@ -24,13 +26,13 @@ extern "C" {
 typedef void (*idem_counter_fn)(void *ctx, const char *business_type,
                                 const uint64_t counts[IDEM_OUTCOME_COUNT + 1]);
 
-/* Visit the per-type counters of store. */
+/* Visit the per-type counters of store. fn is required. */
 IDEM_EXTERN void idem_metrics_each(idem_store *store, idem_counter_fn fn, void *ctx);
 
 /* Store errors seen, by class (index: idem_error_class). */
 IDEM_EXTERN uint64_t idem_metrics_store_errors(idem_store *store, idem_error_class cls);
 
-/* The front cache's counters (all 0 when the cache is off). */
+/* The front cache's counters (all 0 when the cache is off, or store is NULL). */
 typedef struct {
 	uint64_t hits, misses, evictions, entries, bytes;
 } idem_cache_stats;

@@ -1,6 +1,7 @@
 /*
  * idem/recon.h: importing a channel's reconciliation file: each row recorded once
  * through its (channel, channel_txn_id) claim, matched against payments.
+ * NULL handle or required pointer: IDEM_EINVAL (idem/common.h).
  */
 #ifndef IDEM_RECON_H
 #define IDEM_RECON_H
@@ -73,7 +74,8 @@ typedef struct {
  * payment of that order number: matched (amount, currency, and SUCCESS with
  * succeeded/partially_refunded/refunded or FAILED with failed), mismatched,
  * or missing_local.
- * out: receives the counts (also partial ones after an error).
+ * out:  receives the counts (also partial ones after an error).
+ * opts: NULL for the defaults; pay, channel and f are required.
  * Returns 0; IDEM_EINVAL for a bad header or an unknown channel (nothing
  * imported); IDEM_ESTORE on a read error of f; a store error (rows counted
  * so far stay recorded: importing again completes the file).

@@ -1,6 +1,7 @@
 /*
  * idem/stats.h: the outcome counters every idemd instance flushes to the store, and
  * reading them back summed over every instance (idemctl stats).
+ * NULL handle or required pointer: IDEM_EINVAL (idem/common.h).
  */
 #ifndef IDEM_STATS_H
 #define IDEM_STATS_H
@@ -45,7 +46,10 @@ typedef struct {
 IDEM_EXTERN int idem_stats_flusher_start(idem_stats_flusher **out, idem_store *store,
                                          const idem_stats_flusher_opts *opts);
 
-/* The instance id rows are written under ("i_" + 16 hex). Borrowed. */
+/*
+ * The instance id rows are written under ("i_" + 16 hex). Borrowed.
+ * NULL f: "" (and IDEM_EINVAL in idem_error_last()).
+ */
 IDEM_EXTERN const char *idem_stats_flusher_instance(const idem_stats_flusher *f);
 
 /* Flush now (on the caller's thread); 0 or a store error. */
@@ -81,6 +85,7 @@ typedef struct {
  */
 IDEM_EXTERN int idem_stats_read(idem_stats_report *out, idem_store *store, int64_t window_ms);
 
+/* Free what r owns and zero it. NULL is accepted. */
 IDEM_EXTERN void idem_stats_report_clear(idem_stats_report *r);
 
 /*

@@ -4,6 +4,7 @@
  * interface business code uses inside a unit's transaction. The SQL passed
  * here is the subset every backend shares: `?` placeholders, no upserts, no
  * dialect functions. Values are always bound, never pasted into SQL.
+ * NULL handle or required pointer: IDEM_EINVAL (idem/common.h).
  */
 #ifndef IDEM_STORE_H
 #define IDEM_STORE_H
@@ -81,7 +82,10 @@ IDEM_EXTERN int idem_store_open(idem_store **out, const char *url, const idem_st
 /* Close the store and free everything it holds. NULL is accepted. */
 IDEM_EXTERN void idem_store_close(idem_store *store);
 
-/* The backend's name: "sqlite", "postgresql", "mariadb". Borrowed, static. */
+/*
+ * The backend's name: "sqlite", "postgresql", "mariadb". Borrowed, static.
+ * NULL store: "" (and IDEM_EINVAL in idem_error_last()).
+ */
 IDEM_EXTERN const char *idem_store_backend(const idem_store *store);
 
 /*
@@ -95,7 +99,7 @@ IDEM_EXTERN int idem_store_migrate(idem_store *store, int *version_out);
 /* The schema version the database is at (0 before any migration). */
 IDEM_EXTERN int idem_store_schema_version(idem_store *store, int *out);
 
-/* The newest schema version this library knows. */
+/* The newest schema version this library knows. NULL store: IDEM_EINVAL. */
 IDEM_EXTERN int idem_store_schema_latest(const idem_store *store);
 
 /* Cheap liveness check of the store (for /healthz). 0 when reachable. */
@@ -124,7 +128,10 @@ IDEM_EXTERN void idem_deadline_end(void);
 IDEM_EXTERN int64_t idem_deadline_get(void);
 IDEM_EXTERN void idem_deadline_adopt(int64_t deadline);
 
-/* The store's clock, in milliseconds since the epoch. */
+/*
+ * The store's clock, in milliseconds since the epoch. NULL store: IDEM_EINVAL
+ * (negative: never a time), the detail in idem_error_last().
+ */
 IDEM_EXTERN int64_t idem_store_now(const idem_store *store);
 
 /*
@@ -163,7 +170,8 @@ typedef int (*idem_row_fn)(void *ctx, const idem_value *cols, int ncols);
  * A ready-made idem_row_fn for "SELECT count(*) …" and other one-number
  * queries: stores the first column of the first row, as an integer, into
  * *(int64_t *)ctx (0 when it is NULL or not an integer) and stops. ctx keeps
- * its value when there is no row.
+ * its value when there is no row. ctx NULL, or cols NULL with ncols > 0:
+ * IDEM_EINVAL (which stops the query with that error).
  */
 IDEM_EXTERN int idem_row_int(void *ctx, const idem_value *cols, int ncols);
 
@@ -193,7 +201,7 @@ IDEM_EXTERN int idem_txn_try_exec(idem_txn *txn, const char *sql, const idem_val
 IDEM_EXTERN int idem_txn_query(idem_txn *txn, const char *sql, const idem_value *params,
                                int nparams, idem_row_fn row_fn, void *ctx);
 
-/* The store the transaction belongs to. Borrowed. */
+/* The store the transaction belongs to. Borrowed. NULL txn: NULL. */
 IDEM_EXTERN idem_store *idem_txn_store(idem_txn *txn);
 
 /*

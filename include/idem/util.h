@@ -1,6 +1,8 @@
 /*
  * idem/util.h: validation of keys and the request fingerprint. Pure
- * functions: no store, no allocation visible to the caller.
+ * functions: no store, no allocation visible to the caller. The validators
+ * answer NULL as one more invalid input (IDEM_EINVAL, no detail kept); the
+ * fingerprint calls answer a NULL argument IDEM_EINVAL naming it.
  */
 #ifndef IDEM_UTIL_H
 #define IDEM_UTIL_H
@@ -24,8 +26,9 @@ IDEM_EXTERN int idem_token_validate(const char *s, size_t len, size_t max);
  * The request fingerprint: lower-case hex SHA-256 over the method, the path
  * and the canonical JSON of body (object keys sorted, compact, non-ASCII
  * escaped), so field order and white space never make a request differ.
- * out:  65 bytes, receives 64 hex digits and a NUL.
- * body: JSON text of len bytes; len 0 means "no body".
+ * out:  65 bytes, receives 64 hex digits and a NUL ("" after an error).
+ * method, path: required.
+ * body: JSON text of len bytes; len 0 means "no body" (body may be NULL).
  * Returns 0; IDEM_EINVAL when body is not valid JSON or repeats an object key
  * (detail in idem_error_last()); IDEM_ENOMEM.
  */

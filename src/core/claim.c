@@ -464,8 +464,10 @@ static int owned_write(idem_claim *c, owned_op op, int http_status, const void *
 
 int idem_claim_complete(idem_claim *claim, int http_status, const void *body, size_t len)
 {
-	if (!claim || http_status < 100 || http_status > 599 || (len && !body))
-		return idem__error(IDEM_EINVAL, "idem_claim_complete: bad arguments");
+	IDEM__ASSERT_ARG(claim);
+	IDEM__ASSERT_ARG(body || len == 0);
+	if (http_status < 100 || http_status > 599)
+		return idem__error(IDEM_EINVAL, "idem_claim_complete: HTTP status %d", http_status);
 	return owned_write(claim, OP_COMPLETE, http_status, body, len, 0);
 }
 
@@ -502,9 +504,10 @@ int idem_claim_finish(idem_result *out, idem_claim *claim, idem_work_fn work, vo
 	step st = {NULL, NULL, claim, "", 0, work, ctx, out};
 	int rc;
 
+	IDEM__ASSERT_ARG(out);
 	memset(out, 0, sizeof(*out));
-	if (!claim || !work)
-		return idem__error(IDEM_EINVAL, "idem_claim_finish: claim and work are required");
+	IDEM__ASSERT_ARG(claim);
+	IDEM__ASSERT_ARG(work);
 	rc = idem__with_txn(claim->store, finish_step, &st, out);
 	if (rc < 0 && rc != IDEM_ELEASE)
 		idem__store_count_error(claim->store, rc);
@@ -513,8 +516,9 @@ int idem_claim_finish(idem_result *out, idem_claim *claim, idem_work_fn work, vo
 
 int idem_claim_extend(idem_claim *claim, int64_t lease_ms)
 {
-	if (!claim || lease_ms <= 0)
-		return idem__error(IDEM_EINVAL, "idem_claim_extend: bad arguments");
+	IDEM__ASSERT_ARG(claim);
+	if (lease_ms <= 0)
+		return idem__error(IDEM_EINVAL, "idem_claim_extend: lease_ms must be positive");
 	return owned_write(claim, OP_EXTEND, 0, NULL, 0, lease_ms);
 }
 
@@ -537,7 +541,12 @@ int idem_record_get(idem_record_info *out, idem_store *store, const char *scope,
 	idem__record rec = {0};
 	int rc;
 
+	IDEM__ASSERT_ARG(out);
 	memset(out, 0, sizeof(*out));
+	IDEM__ASSERT_ARG(store);
+	IDEM__ASSERT_ARG(scope);
+	IDEM__ASSERT_ARG(business_type);
+	IDEM__ASSERT_ARG(key);
 	if ((rc = key_from_parts(&k, scope, business_type, key, key_len)) < 0)
 		return rc;
 	if ((rc = idem__rec_read(store->ops, store->be, &k, &rec)) < 0) {
@@ -624,6 +633,8 @@ int idem_claim_begin_with(idem_claim **out_claim, idem_result *out, idem_store *
 	IDEM__ASSERT_ARG(out);
 	*out_claim = NULL;
 	memset(out, 0, sizeof(*out));
+	IDEM__ASSERT_ARG(store);
+	IDEM__ASSERT_ARG(req);
 	if ((rc = idem__request_key(&k, req)) < 0)
 		return rc;
 	if ((rc = idem__fast_path(store, &k, req->fingerprint, out)) != 0)
@@ -670,8 +681,12 @@ int idem_record_settle(idem_txn *txn, const char *scope, const char *business_ty
 	IDEM__ASSERT_ARG(txn);
 	IDEM__ASSERT_ARG(settled);
 	*settled = 0;
-	if (http_status < 100 || http_status > 599 || (len && !body))
-		return idem__error(IDEM_EINVAL, "idem_record_settle: bad arguments");
+	IDEM__ASSERT_ARG(scope);
+	IDEM__ASSERT_ARG(business_type);
+	IDEM__ASSERT_ARG(key);
+	IDEM__ASSERT_ARG(body || len == 0);
+	if (http_status < 100 || http_status > 599)
+		return idem__error(IDEM_EINVAL, "idem_record_settle: HTTP status %d", http_status);
 	if ((rc = key_from_parts(&k, scope, business_type, key, key_len)) < 0)
 		return rc;
 	if ((rc = idem__rec_get(txn, &k, &ex)) == IDEM_ENOTFOUND)

@@ -104,7 +104,8 @@ void idem_store_close(idem_store *store)
 
 const char *idem_store_backend(const idem_store *store)
 {
-	return store ? store->ops->name : "";
+	IDEM__ASSERT_ARG_WITH_RETVAL(store, "");
+	return store->ops->name;
 }
 
 int idem_store_migrate(idem_store *store, int *version_out)
@@ -121,6 +122,7 @@ int idem_store_schema_version(idem_store *store, int *out)
 
 int idem_store_schema_latest(const idem_store *store)
 {
+	IDEM__ASSERT_ARG(store);
 	return store->ops->schema_latest;
 }
 

@@ -13,18 +13,6 @@
 
 #include "util/error.h"
 
-/*
- * A stated assumption about an argument of a public call, checked (libgit2's
- * GIT_ASSERT_ARG): a caller's mistake becomes IDEM_EINVAL with the
- * expression in idem_error_last(), never a crash or an abort.
- */
-#define IDEM__ASSERT_ARG(expr)                                                                     \
-	do {                                                                                       \
-		if (!(expr))                                                                       \
-			return idem__error(IDEM_EINVAL, "%s: invalid argument: %s", __func__,      \
-			                   #expr);                                                 \
-	} while (0)
-
 struct idem__cache;
 struct idem__batch;
 

@@ -34,9 +34,11 @@ int idem_fingerprint_canonical(char out[65], const char *method, const char *pat
 	unsigned int dlen = 0;
 	int rc = 0, owned = 0;
 
+	IDEM__ASSERT_ARG(out);
 	out[0] = '\0';
-	if (!method || !path || (len && !canon))
-		return idem__error(IDEM_EINVAL, "fingerprint: method and path are required");
+	IDEM__ASSERT_ARG(method);
+	IDEM__ASSERT_ARG(path);
+	IDEM__ASSERT_ARG(canon || len == 0);
 	if (!(md = idem__sha256_ctx(&owned)) || EVP_DigestInit_ex(md, sha, NULL) != 1 ||
 	    !hash_part(md, method, strlen(method)) || !hash_part(md, path, strlen(path)) ||
 	    !hash_part(md, len ? canon : "", len) || EVP_DigestFinal_ex(md, digest, &dlen) != 1 ||
@@ -57,9 +59,11 @@ int idem_fingerprint(char out[65], const char *method, const char *path, const c
 	json_error_t jerr;
 	int rc = 0;
 
+	IDEM__ASSERT_ARG(out);
 	out[0] = '\0';
-	if (!method || !path || (len && !body))
-		return idem__error(IDEM_EINVAL, "fingerprint: method and path are required");
+	IDEM__ASSERT_ARG(method);
+	IDEM__ASSERT_ARG(path);
+	IDEM__ASSERT_ARG(body || len == 0);
 	if (len) {
 		doc = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &jerr);
 		if (!doc) {

@@ -65,8 +65,13 @@ void idem__metrics_count(idem__metrics *m, const char *type, int outcome)
 
 void idem_metrics_each(idem_store *store, idem_counter_fn fn, void *ctx)
 {
-	idem__metrics *m = &store->metrics;
-	int n = atomic_load_explicit(&m->ntypes, memory_order_acquire);
+	idem__metrics *m = NULL;
+	int n;
+
+	IDEM__ASSERT_ARG_VOID(store);
+	IDEM__ASSERT_ARG_VOID(fn);
+	m = &store->metrics;
+	n = atomic_load_explicit(&m->ntypes, memory_order_acquire);
 
 	for (int i = 0; i < n; i++) {
 		uint64_t c[IDEM_OUTCOME_COUNT + 1];
@@ -79,6 +84,7 @@ void idem_metrics_each(idem_store *store, idem_counter_fn fn, void *ctx)
 
 uint64_t idem_metrics_store_errors(idem_store *store, idem_error_class cls)
 {
+	IDEM__ASSERT_ARG_WITH_RETVAL(store, 0);
 	if ((int)cls < 0 || cls > IDEM_ECLASS_OTHER)
 		return 0;
 	return atomic_load(&store->metrics.store_errors[cls]);
@@ -88,6 +94,9 @@ void idem_metrics_cache(idem_store *store, idem_cache_stats *out)
 {
 	idem__cache_stats st;
 
+	IDEM__ASSERT_ARG_VOID(out);
+	memset(out, 0, sizeof(*out));
+	IDEM__ASSERT_ARG_VOID(store);
 	idem__cache_stats_get(store->cache, &st);
 	out->hits = st.hits;
 	out->misses = st.misses;
@@ -98,6 +107,7 @@ void idem_metrics_cache(idem_store *store, idem_cache_stats *out)
 
 uint64_t idem_metrics_purged(idem_store *store)
 {
+	IDEM__ASSERT_ARG_WITH_RETVAL(store, 0);
 	return atomic_load(&store->metrics.purged);
 }
 

@@ -31,9 +31,11 @@ void idem_result_clear(idem_result *res)
 
 int idem_response_set(idem_response *resp, int http_status, const void *body, size_t len)
 {
-	unsigned char *copy = malloc(len ? len : 1);
+	unsigned char *copy = NULL;
 
-	if (!copy)
+	IDEM__ASSERT_ARG(resp);
+	IDEM__ASSERT_ARG(body || len == 0);
+	if (!(copy = malloc(len ? len : 1)))
 		return idem__error(IDEM_ENOMEM, "out of memory");
 	if (len)
 		memcpy(copy, body, len);

@@ -26,6 +26,7 @@ void idem__retry_backoff(int attempt)
 
 int64_t idem_store_now(const idem_store *store)
 {
+	IDEM__ASSERT_ARG(store);
 	return store->opts.clock(store->opts.clock_ctx);
 }
 
@@ -61,6 +62,7 @@ int idem_txn_query(idem_txn *txn, const char *sql, const idem_value *params, int
 
 idem_store *idem_txn_store(idem_txn *txn)
 {
+	IDEM__ASSERT_ARG_WITH_RETVAL(txn, NULL);
 	return txn->store;
 }
 

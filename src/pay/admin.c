@@ -46,6 +46,8 @@ int idem_admin_merchant_list(idem_pay *pay, idem_admin_entry_fn fn, void *ctx)
 {
 	list_ctx l = {fn, ctx};
 
+	IDEM__ASSERT_ARG(pay);
+	IDEM__ASSERT_ARG(fn);
 	for (int i = 0; i < pay->nshards; i++) { /* shard by shard */
 		int rc = idem_admin_merchant_list(pay->shards[i], fn, ctx);
 
@@ -61,6 +63,8 @@ int idem_admin_channel_list(idem_pay *pay, idem_admin_entry_fn fn, void *ctx)
 {
 	list_ctx l = {fn, ctx};
 
+	IDEM__ASSERT_ARG(pay);
+	IDEM__ASSERT_ARG(fn);
 	return idem_store_query(pay->store,
 	                        "SELECT name, name, created_at FROM channels"
 	                        " ORDER BY created_at, name",
@@ -89,8 +93,11 @@ int idem_admin_merchant_rotate_key(idem_pay *pay, const char *merchant_id,
 	update_one u = {0};
 	int rc;
 
+	IDEM__ASSERT_ARG(key_out);
 	key_out[0] = '\0';
-	if (!merchant_id || idem_token_validate(merchant_id, strlen(merchant_id), 64) < 0)
+	IDEM__ASSERT_ARG(pay);
+	IDEM__ASSERT_ARG(merchant_id);
+	if (idem_token_validate(merchant_id, strlen(merchant_id), 64) < 0)
 		return idem__error(IDEM_ENOTFOUND, "no such merchant");
 	if (pay->nshards) {
 		idem_pay *home;
@@ -132,7 +139,10 @@ int idem_admin_channel_rotate_secret(idem_pay *pay, const char *channel,
 	update_one u = {0};
 	int rc;
 
+	IDEM__ASSERT_ARG(secret_out);
 	secret_out[0] = '\0';
+	IDEM__ASSERT_ARG(pay);
+	IDEM__ASSERT_ARG(channel);
 	if (!pay__valid_channel_name(channel))
 		return idem__error(IDEM_ENOTFOUND, "no such channel");
 	if (pay->nshards) {
@@ -162,11 +172,15 @@ done:
 
 int idem_admin_purge_count(idem_store *store, int64_t *out)
 {
-	/* The same condition every backend's purge_batch deletes by. */
-	int64_t now = idem_store_now(store);
-	idem_value p[2] = {IDEM_V_INT(now), IDEM_V_INT(now)};
+	int64_t now;
+	idem_value p[2];
 
+	IDEM__ASSERT_ARG(out);
 	*out = 0;
+	IDEM__ASSERT_ARG(store);
+	/* The same condition every backend's purge_batch deletes by. */
+	now = idem_store_now(store);
+	p[0] = p[1] = IDEM_V_INT(now);
 	return idem_store_query(store,
 	                        "SELECT count(*) FROM idem_records WHERE expires_at <= ?"
 	                        " AND (status <> 'PROCESSING' OR lease_until <= ?)",

@@ -62,8 +62,11 @@ int idem_pay_problem(char **out, size_t *len, int status, const char *code, cons
 	json_t *obj;
 	int rc = 0;
 
+	IDEM__ASSERT_ARG(out);
+	IDEM__ASSERT_ARG(len);
 	*out = NULL;
 	*len = 0;
+	IDEM__ASSERT_ARG(code);
 	snprintf(type, sizeof(type), "/problems/");
 	/* The type path uses dashes: /problems/idempotency-key-reused. */
 	for (size_t i = 0, n = strlen(type); code[i] && n + 1 < sizeof(type); i++, n++) {
@@ -112,6 +115,21 @@ int pay__read_answer(idem_result *out, json_t *obj)
 	out->http_status = 200;
 	out->body = r.body;
 	out->body_len = r.body_len;
+	return 0;
+}
+
+int pay__async_args(const char *func, const idem_pay *pay, const idem_pay_request *rq,
+                    idem_done_fn done, void *done_ctx)
+{
+	const char *missing = !pay ? "pay" : !rq ? "rq" : !done ? "done" : NULL;
+	idem_result none = {0};
+	int rc;
+
+	if (!missing)
+		return 1;
+	rc = idem__error_arg(func, missing);
+	if (done)
+		done(done_ctx, rc, &none);
 	return 0;
 }
 

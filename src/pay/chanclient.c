@@ -201,12 +201,16 @@ static void put(text *t, const char *fmt, ...)
 
 int idem_pay_metrics_text(idem_pay *pay, char **out, size_t *len)
 {
-	pay__chanstate *s = pay->chans;
+	pay__chanstate *s = NULL;
 	text t = {NULL, 0, 0, 0};
 	int n;
 
+	IDEM__ASSERT_ARG(out);
+	IDEM__ASSERT_ARG(len);
 	*out = NULL;
 	*len = 0;
+	IDEM__ASSERT_ARG(pay);
+	s = pay->chans;
 	put(&t, "# HELP idem_channel_calls_total Calls to connected channels by outcome.\n"
 	        "# TYPE idem_channel_calls_total counter\n");
 	pthread_mutex_lock(&s->lock);

@@ -42,10 +42,14 @@ static int insert_channel(idem_txn *txn, void *ctx)
 int idem_pay_channel_add(idem_pay *pay, const char *name, char secret_out[IDEM_PAY_SECRET_SIZE])
 {
 	char stored[PAY__STORED_SECRET_SIZE];
-	channel_new c = {name, stored, pay__now(pay)};
+	channel_new c = {name, stored, 0};
 	int rc;
 
+	IDEM__ASSERT_ARG(secret_out);
 	secret_out[0] = '\0';
+	IDEM__ASSERT_ARG(pay);
+	IDEM__ASSERT_ARG(name);
+	c.now = pay__now(pay);
 	if (pay->nshards) {
 		/* Written on shard 0, then copied to the others as it is stored. */
 		if ((rc = idem_pay_channel_add(pay->shards[0], name, secret_out)) < 0)
@@ -107,6 +111,8 @@ static int secret_open(const unsigned char *key, const char *channel, const char
 
 int idem_pay_secret_key_read(const char *path, unsigned char key[32])
 {
+	IDEM__ASSERT_ARG(path);
+	IDEM__ASSERT_ARG(key);
 	return idem__secretbox_read_key(path, key);
 }
 
@@ -134,6 +140,7 @@ int idem_pay_set_secret_key(idem_pay *pay, const unsigned char key[32])
 	sealed_row row = {"", "", 0};
 	int rc;
 
+	IDEM__ASSERT_ARG(pay);
 	for (int i = 0; i < pay->nshards; i++)
 		if ((rc = idem_pay_set_secret_key(pay->shards[i], key)) < 0)
 			return rc;
@@ -226,6 +233,7 @@ int idem_admin_channel_rekey(idem_pay *pay, const unsigned char *new_key, int64_
 
 	if (changed_out)
 		*changed_out = 0;
+	IDEM__ASSERT_ARG(pay);
 	if (pay->nshards) {
 		/* Each shard's copy of the channels, then the router's own key. */
 		for (int i = 0; i < pay->nshards; i++) {
@@ -287,6 +295,9 @@ int idem_pay_verify_signature(idem_pay *pay, const char *channel, const char *si
 	idem_value p[1];
 	int rc;
 
+	/* channel and sig are not: without them the signature is wrong (ENOTFOUND). */
+	IDEM__ASSERT_ARG(pay);
+	IDEM__ASSERT_ARG(body || len == 0);
 	if (pay->nshards) /* shard 0 holds the channels */
 		return idem_pay_verify_signature(pay->shards[0], channel, sig, sig_len, body, len);
 	if (!pay__valid_channel_name(channel) || !sig || sig_len != 64 || unhex(got, sig, 32) < 0)
@@ -422,7 +433,9 @@ int idem_pay_channel_connect(idem_pay *pay, const char *name, const char *base_u
 	chan_connect c = {name, NULL, timeout_ms, 0};
 	int rc;
 
-	if (!pay || !name || !pay__valid_channel_name(name))
+	IDEM__ASSERT_ARG(pay);
+	IDEM__ASSERT_ARG(name);
+	if (!pay__valid_channel_name(name))
 		return idem__error(IDEM_EINVAL, "channel name must be 1..%d of [a-z0-9_-]",
 		                   IDEM_PAY_CHANNEL_MAX);
 	if (timeout_ms < 1 || timeout_ms > 600000)

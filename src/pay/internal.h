@@ -119,6 +119,14 @@ int pay__problem(idem_response *resp, int status, const char *code, const char *
 int pay__read_answer(idem_result *out, json_t *obj);
 /* An answer given before any claim (validation): FIRST, not stored. */
 int pay__reject(idem_result *out, int status, const char *code, const char *detail);
+/*
+ * The stated arguments of an async write (idem_pay_*_async, named func):
+ * 1 when pay, rq and done are there. Otherwise 0, the error detail naming
+ * the first missing one as IDEM__ASSERT_ARG does, and done (when there is
+ * one) answered once with IDEM_EINVAL and an empty result.
+ */
+int pay__async_args(const char *func, const idem_pay *pay, const idem_pay_request *rq,
+                    idem_done_fn done, void *done_ctx);
 
 /* ---- input (input.c) ---- */
 

@@ -114,6 +114,8 @@ void idem_pay_notify_async(idem_pay *pay, const idem_pay_request *rq, idem_done_
 	idem_result *out;
 	int rc;
 
+	if (!pay__async_args(__func__, pay, rq, done, done_ctx))
+		return;
 	/* The payment id names its shard: the notification goes there alone. */
 	pay = pay__route_notify(pay, rq);
 	if (!(c = pay__op_new(pay, rq, done, done_ctx)))
@@ -136,5 +138,6 @@ void idem_pay_notify_async(idem_pay *pay, const idem_pay_request *rq, idem_done_
 
 int idem_pay_notify(idem_result *out, idem_pay *pay, const idem_pay_request *rq)
 {
+	IDEM__ASSERT_ARG(out); /* pay and rq: the async call answers them */
 	return pay__wait(out, pay, rq, idem_pay_notify_async);
 }

@@ -21,6 +21,7 @@ int idem_pay_open(idem_pay **out, idem_store *store, const idem_pay_opts *opts)
 	idem_pay_opts defaults = IDEM_PAY_OPTS_INIT;
 	idem_pay *pay;
 
+	IDEM__ASSERT_ARG(out);
 	*out = NULL;
 	if (!store)
 		return idem__error(IDEM_EINVAL, "idem_pay_open: store is required");
@@ -93,6 +94,7 @@ int idem_pay_open_shards(idem_pay **out, idem_store *const *stores, int n,
 	idem_pay *r = NULL;
 	int rc, version = 0, current = 1;
 
+	IDEM__ASSERT_ARG(out);
 	*out = NULL;
 	if (!stores || n < 1 || n > 1000)
 		return idem__error(IDEM_EINVAL, "idem_pay_open_shards: 1..1000 stores");

@@ -140,7 +140,8 @@ void idem_pay_create_payment_async(idem_pay *pay, const idem_pay_request *rq, id
 	const char *order_no;
 	int rc;
 
-	if (!(pay = pay__route_async(pay, rq->caller, done, done_ctx)) ||
+	if (!pay__async_args(__func__, pay, rq, done, done_ctx) ||
+	    !(pay = pay__route_async(pay, rq->caller, done, done_ctx)) ||
 	    !(c = pay__op_new(pay, rq, done, done_ctx)))
 		return;
 	out = &c->res;
@@ -181,6 +182,7 @@ void idem_pay_create_payment_async(idem_pay *pay, const idem_pay_request *rq, id
 
 int idem_pay_create_payment(idem_result *out, idem_pay *pay, const idem_pay_request *rq)
 {
+	IDEM__ASSERT_ARG(out); /* pay and rq: the async call answers them */
 	return pay__wait(out, pay, rq, idem_pay_create_payment_async);
 }
 
@@ -196,7 +198,11 @@ int idem_pay_get_payment(idem_result *out, idem_pay *pay, const char *merchant, 
 	pay__payment p = {0};
 	int rc;
 
+	IDEM__ASSERT_ARG(out);
 	memset(out, 0, sizeof(*out));
+	IDEM__ASSERT_ARG(pay);
+	IDEM__ASSERT_ARG(merchant);
+	IDEM__ASSERT_ARG(id);
 	if ((rc = pay__route(pay, merchant, &pay)) < 0)
 		return rc;
 	if ((rc = pay__payment_load(pay, NULL, &p, merchant, id)) == 0)
@@ -211,7 +217,11 @@ int idem_pay_find_payment(idem_result *out, idem_pay *pay, const char *merchant,
 	pay__payment p = {0};
 	int rc;
 
+	IDEM__ASSERT_ARG(out);
 	memset(out, 0, sizeof(*out));
+	IDEM__ASSERT_ARG(pay);
+	IDEM__ASSERT_ARG(merchant);
+	IDEM__ASSERT_ARG(merchant_order_no);
 	if (idem_natural_key_validate(merchant_order_no, strlen(merchant_order_no)) < 0)
 		return pay__reject(out, 400, "invalid_request",
 		                   "'merchant_order_no' must be 1..64 of A-Z a-z 0-9 _ - .");

@@ -24,12 +24,16 @@ static int balance_row(void *ctx, const idem_value *c, int n)
 
 int idem_pay_get_balance(idem_result *out, idem_pay *pay, const char *merchant)
 {
-	json_t *list = json_array();
-	idem_value p[1] = {IDEM_V_TEXT(merchant)};
+	json_t *list = NULL;
+	idem_value p[1];
 	int rc;
 
+	IDEM__ASSERT_ARG(out);
 	memset(out, 0, sizeof(*out));
-	if (!list)
+	IDEM__ASSERT_ARG(pay);
+	IDEM__ASSERT_ARG(merchant);
+	p[0] = IDEM_V_TEXT(merchant);
+	if (!(list = json_array()))
 		return idem__error(IDEM_ENOMEM, "out of memory");
 	if ((rc = pay__route(pay, merchant, &pay)) < 0) {
 		json_decref(list);
@@ -55,7 +59,12 @@ int idem_pay_get_record(idem_result *out, idem_pay *pay, const char *merchant,
 	json_t *obj;
 	int rc;
 
+	IDEM__ASSERT_ARG(out);
 	memset(out, 0, sizeof(*out));
+	IDEM__ASSERT_ARG(pay);
+	IDEM__ASSERT_ARG(merchant);
+	IDEM__ASSERT_ARG(business_type);
+	IDEM__ASSERT_ARG(key);
 	if ((rc = pay__route(pay, merchant, &pay)) < 0)
 		return rc;
 	rc = idem_record_get(&info, pay->store, merchant, business_type, key, key_len);

@@ -647,15 +647,15 @@ static void wait_idle(job *j)
 	pthread_mutex_unlock(&j->lock);
 }
 
-/* The arguments, and that channel exists (channels live on shard 0). */
-static int check_args(idem_pay *pay, const char *channel, FILE *f, const idem_recon_opts *opts)
+/* The options, and that channel exists (channels live on shard 0). */
+static int check_args(idem_pay *pay, const char *channel, const idem_recon_opts *opts)
 {
 	idem_value p[1];
 	int rc, known = 0;
 
-	if (!pay || !f || opts->version != IDEM_RECON_OPTS_VERSION || opts->ttl_ms <= 0 ||
+	if (opts->version != IDEM_RECON_OPTS_VERSION || opts->ttl_ms <= 0 ||
 	    opts->max_in_flight < 1 || opts->max_in_flight > 65536)
-		return idem__error(IDEM_EINVAL, "idem_recon_import: bad arguments");
+		return idem__error(IDEM_EINVAL, "idem_recon_opts out of range");
 	if (!pay__valid_channel_name(channel))
 		return idem__error(IDEM_EINVAL, "unknown channel");
 	p[0] = IDEM_V_TEXT(channel);
@@ -755,10 +755,14 @@ int idem_recon_import(idem_recon_report *out, idem_pay *pay, const char *channel
 	reader *r = NULL;
 	int rc;
 
+	IDEM__ASSERT_ARG(out);
 	memset(out, 0, sizeof(*out));
+	IDEM__ASSERT_ARG(pay);
+	IDEM__ASSERT_ARG(channel);
+	IDEM__ASSERT_ARG(f);
 	if (!opts)
 		opts = &defaults;
-	if ((rc = check_args(pay, channel, f, opts)) < 0)
+	if ((rc = check_args(pay, channel, opts)) < 0)
 		return rc;
 	if (!(j = job_new(pay, channel, opts, out)) || !(r = calloc(1, sizeof(*r)))) {
 		rc = idem__error(IDEM_ENOMEM, "out of memory");

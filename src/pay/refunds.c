@@ -292,7 +292,8 @@ void idem_pay_refund_async(idem_pay *pay, const idem_pay_request *rq, idem_done_
 	idem_result *out;
 	int rc;
 
-	if (!(pay = pay__route_async(pay, rq->caller, done, done_ctx)) ||
+	if (!pay__async_args(__func__, pay, rq, done, done_ctx) ||
+	    !(pay = pay__route_async(pay, rq->caller, done, done_ctx)) ||
 	    !(c = pay__op_new(pay, rq, done, done_ctx)))
 		return;
 	out = &c->res;
@@ -314,6 +315,7 @@ void idem_pay_refund_async(idem_pay *pay, const idem_pay_request *rq, idem_done_
 
 int idem_pay_refund(idem_result *out, idem_pay *pay, const idem_pay_request *rq)
 {
+	IDEM__ASSERT_ARG(out); /* pay and rq: the async call answers them */
 	return pay__wait(out, pay, rq, idem_pay_refund_async);
 }
 

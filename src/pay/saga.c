@@ -270,10 +270,12 @@ static int drive_one(idem_pay *router, idem_pay *payer, const outbox_row *o, int
 
 int idem_pay_transfers_drive(idem_pay *pay, int *settled)
 {
-	int64_t delay = pay->saga ? pay->saga->step_delay_ms : 0;
+	int64_t delay = 0;
 	outbox_row *rows;
 	int rc = 0;
 
+	IDEM__ASSERT_ARG(pay);
+	delay = pay->saga ? pay->saga->step_delay_ms : 0;
 	if (settled)
 		*settled = 0;
 	if (!pay->nshards)
@@ -310,7 +312,8 @@ int idem_pay_transfer_driver_start(idem_pay *pay, int64_t interval_ms, int64_t s
 	pay__saga *s;
 	int rc;
 
-	if (!pay || interval_ms < 10 || step_delay_ms < 0 || step_delay_ms > 600000)
+	IDEM__ASSERT_ARG(pay);
+	if (interval_ms < 10 || step_delay_ms < 0 || step_delay_ms > 600000)
 		return idem__error(IDEM_EINVAL,
 		                   "transfer driver: interval >= 10 ms, delay 0..600000");
 	if (!pay->nshards)

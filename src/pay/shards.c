@@ -213,8 +213,8 @@ int idem_pay_shard_of(const char *merchant_id, int nshards)
 	uint64_t v = 0;
 	int rc;
 
-	if (!merchant_id || nshards < 1)
-		return IDEM_EINVAL;
+	IDEM__ASSERT_ARG(merchant_id);
+	IDEM__ASSERT_ARG(nshards >= 1);
 	if ((rc = idem__sha256(md, merchant_id, strlen(merchant_id))) < 0)
 		return rc;
 	for (int i = 0; i < 8; i++)
@@ -224,6 +224,7 @@ int idem_pay_shard_of(const char *merchant_id, int nshards)
 
 int idem_pay_shard_count(const idem_pay *pay)
 {
+	IDEM__ASSERT_ARG(pay); /* IDEM_EINVAL: never a count */
 	return pay->nshards ? pay->nshards : 1;
 }
 
@@ -231,7 +232,10 @@ int idem_pay_merchant_shard(idem_pay *pay, const char *merchant_id, int *shard)
 {
 	int found = 0, rc;
 
+	IDEM__ASSERT_ARG(shard);
 	*shard = 0;
+	IDEM__ASSERT_ARG(pay);
+	IDEM__ASSERT_ARG(merchant_id);
 	if (!pay->nshards)
 		return 0;
 	if ((rc = pay__dir_lookup(pay, merchant_id, shard, &found)) < 0)
@@ -241,6 +245,7 @@ int idem_pay_merchant_shard(idem_pay *pay, const char *merchant_id, int *shard)
 
 idem_pay *idem_pay_shard(idem_pay *pay, int i)
 {
+	IDEM__ASSERT_ARG_WITH_RETVAL(pay, NULL); /* as for a shard out of range */
 	if (!pay->nshards)
 		return i == 0 ? pay : NULL;
 	return i >= 0 && i < pay->nshards ? pay->shards[i] : NULL;

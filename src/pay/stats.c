@@ -144,6 +144,7 @@ int idem_stats_flusher_flush(idem_stats_flusher *f)
 {
 	int rc;
 
+	IDEM__ASSERT_ARG(f);
 	pthread_mutex_lock(&f->lock);
 	rc = flush_locked(f);
 	pthread_mutex_unlock(&f->lock);
@@ -182,10 +183,12 @@ int idem_stats_flusher_start(idem_stats_flusher **out, idem_store *store,
 	char hex[17];
 	int rc;
 
+	IDEM__ASSERT_ARG(out);
 	*out = NULL;
+	IDEM__ASSERT_ARG(store);
 	if (!opts)
 		opts = &defaults;
-	if (!store || opts->version != IDEM_STATS_FLUSHER_OPTS_VERSION || opts->interval_ms < 50 ||
+	if (opts->version != IDEM_STATS_FLUSHER_OPTS_VERSION || opts->interval_ms < 50 ||
 	    opts->interval_ms > 3600000)
 		return idem__error(IDEM_EINVAL, "idem_stats_flusher_opts out of range");
 	if ((rc = idem__rand_hex(hex, 8)) < 0)
@@ -212,7 +215,8 @@ int idem_stats_flusher_start(idem_stats_flusher **out, idem_store *store,
 
 const char *idem_stats_flusher_instance(const idem_stats_flusher *f)
 {
-	return f ? f->instance : "";
+	IDEM__ASSERT_ARG_WITH_RETVAL(f, "");
+	return f->instance;
 }
 
 void idem_stats_flusher_stop(idem_stats_flusher *f)
@@ -315,7 +319,9 @@ int idem_stats_read(idem_stats_report *out, idem_store *store, int64_t window_ms
 	idem_value p[1];
 	int rc;
 
+	IDEM__ASSERT_ARG(out);
 	memset(out, 0, sizeof(*out));
+	IDEM__ASSERT_ARG(store);
 	if (window_ms <= 0)
 		return idem__error(IDEM_EINVAL, "stats window must be positive");
 	out->window_ms = window_ms;
@@ -375,6 +381,7 @@ int idem_stats_prune(idem_store *store, int64_t keep_ms, int64_t *deleted_out)
 
 	if (deleted_out)
 		*deleted_out = 0;
+	IDEM__ASSERT_ARG(store);
 	if (keep_ms <= 0)
 		return idem__error(IDEM_EINVAL, "stats retention must be positive");
 	c.before = idem_store_now(store) - keep_ms;

@@ -475,8 +475,9 @@ int idem_pay_sweep(idem_pay *pay, int64_t age_ms, int *ran, int *resolved)
 		*ran = 0;
 	if (resolved)
 		*resolved = 0;
-	if (!pay || age_ms < 0)
-		return idem__error(IDEM_EINVAL, "idem_pay_sweep: bad arguments");
+	IDEM__ASSERT_ARG(pay);
+	if (age_ms < 0)
+		return idem__error(IDEM_EINVAL, "idem_pay_sweep: age_ms must not be negative");
 	if (pay->nshards)
 		return sweep_shards(pay, age_ms, ran, resolved);
 	if ((rc = idem__rand_hex(holder, 16)) < 0)
@@ -527,7 +528,8 @@ int idem_pay_sweeper_start(idem_pay *pay, int64_t interval_ms, int64_t age_ms)
 	pay__sweeper *s;
 	int rc;
 
-	if (!pay || interval_ms < 10 || age_ms < 0)
+	IDEM__ASSERT_ARG(pay);
+	if (interval_ms < 10 || age_ms < 0)
 		return idem__error(IDEM_EINVAL, "sweeper: interval >= 10 ms, age >= 0");
 	for (int i = 0; i < pay->nshards; i++) { /* one sweeper per shard */
 		if ((rc = idem_pay_sweeper_start(pay->shards[i], interval_ms, age_ms)) < 0)

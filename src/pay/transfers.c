@@ -119,7 +119,8 @@ void idem_pay_transfer_async(idem_pay *pay, const idem_pay_request *rq, idem_don
 	idem_result *out;
 	int rc, shard = 0, found = 0;
 
-	if (!(pay = pay__route_async(pay, rq->caller, done, done_ctx)) ||
+	if (!pay__async_args(__func__, pay, rq, done, done_ctx) ||
+	    !(pay = pay__route_async(pay, rq->caller, done, done_ctx)) ||
 	    !(c = pay__op_new(pay, rq, done, done_ctx)))
 		return;
 	out = &c->res;
@@ -153,5 +154,6 @@ void idem_pay_transfer_async(idem_pay *pay, const idem_pay_request *rq, idem_don
 
 int idem_pay_transfer(idem_result *out, idem_pay *pay, const idem_pay_request *rq)
 {
+	IDEM__ASSERT_ARG(out); /* pay and rq: the async call answers them */
 	return pay__wait(out, pay, rq, idem_pay_transfer_async);
 }

@@ -45,6 +45,8 @@ void idem__record_clear(idem__record *rec)
 
 int idem_row_int(void *ctx, const idem_value *cols, int ncols)
 {
+	IDEM__ASSERT_ARG(ctx);
+	IDEM__ASSERT_ARG(cols || ncols <= 0);
 	*(int64_t *)ctx = ncols > 0 && cols[0].type == IDEM_VAL_INT ? cols[0].i : 0;
 	return 1;
 }

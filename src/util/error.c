@@ -42,6 +42,11 @@ int idem__error_driver(int code, int driver_code, const char *sqlstate, const ch
 	return code;
 }
 
+int idem__error_arg(const char *func, const char *expr)
+{
+	return idem__error(IDEM_EINVAL, "%s: invalid argument: %s", func, expr);
+}
+
 void idem__error_clear(void)
 {
 	memset(&last_error, 0, sizeof(last_error));
