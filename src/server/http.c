@@ -130,9 +130,6 @@ struct http_req {
 	idem_pay_request write;
 	char key[IDEM_KEY_MAX + 2];
 	char write_path[400];
-	/* The request clock stopped while a key lookup is on a worker. */
-	uint64_t paused_at, paused_since;
-	int paused;
 
 	req_arena arena;
 	/* Not zeroed: everything above is, once per request (on_uri). */
@@ -149,30 +146,6 @@ idem_pay_request *req_write(http_req *r, char **key_buf, size_t *key_size, char 
 	return &r->write;
 }
 
-/*
- * One per TCP connection (libmicrohttpd's socket context), on a list the
- * watchdog walks. --connection-timeout is an idle timeout that every byte
- * resets, so a client dripping a byte at a time held a connection forever
- * (slowloris). The watchdog gives each request a deadline instead: its head
- * and body must be in within --request-timeout of the connection's opening
- * or its previous answer, else the socket is shut down. A request that is
- * being answered (its body is in) is never cut.
- */
-typedef struct conn_track {
-	struct conn_track *prev, *next;
-	int fd;
-	/*
-	 * (since << 1) | reading: when the current request's clock started (ms,
-	 * CLOCK_MONOTONIC) and whether its head or body is still arriving. One
-	 * word, so that a request thread sets it without the list lock (three
-	 * times per request, on every server thread) and the watchdog cuts only
-	 * with a compare-and-swap from the very word it judged: a request whose
-	 * body came in meanwhile has another word and is never cut.
-	 */
-	_Atomic uint64_t state;
-	int cut; /* the watchdog's, under conns_lock */
-} conn_track;
-
 struct http_server {
 	struct MHD_Daemon *daemon;
 	server_state *state;
@@ -180,22 +153,8 @@ struct http_server {
 	_Atomic int draining; /* http_stop began: new requests are refused */
 	_Atomic int resuming; /* threads inside req_resume */
 	workers *workers;
-
-	pthread_mutex_t conns_lock; /* conns, and every conn_track's cut */
-	pthread_cond_t wake;
-	conn_track *conns;
-	pthread_t watchdog;
-	int watchdog_started, stopping;
-	_Atomic unsigned long cut_total;
+	watchdog *watchdog;
 };
-
-static uint64_t now_ms(void)
-{
-	struct timespec now;
-
-	clock_gettime(CLOCK_MONOTONIC, &now);
-	return (uint64_t)now.tv_sec * 1000u + (uint64_t)now.tv_nsec / 1000000u;
-}
 
 static conn_track *track_of(struct MHD_Connection *conn)
 {
@@ -205,141 +164,23 @@ static conn_track *track_of(struct MHD_Connection *conn)
 	return ci ? ci->socket_context : NULL;
 }
 
-/* reading 1: the next request's clock starts now; 0: it is being answered. */
-static void track_set(http_server *h, struct MHD_Connection *conn, int reading)
-{
-	conn_track *t = track_of(conn);
-	uint64_t w;
-
-	(void)h;
-	if (!t)
-		return;
-	w = atomic_load(&t->state);
-	if (reading && !(w & 1)) /* the clock starts now */
-		atomic_store(&t->state, now_ms() << 1 | 1);
-	else if (!reading && (w & 1))
-		atomic_store(&t->state, w & ~(uint64_t)1);
-}
-
-/*
- * A key lookup goes to a worker while the head is in and the body not yet
- * read: the request's clock stops meanwhile (the client cannot send while
- * the connection is suspended, and the watchdog must not cut it), and goes
- * on after, as if the wait had not been. If the watchdog cut it just before,
- * its word is not ours to change: the connection is closing.
- */
-static void track_pause(http_req *r)
-{
-	conn_track *t = track_of(r->conn);
-	uint64_t w;
-
-	if (!t || !((w = atomic_load(&t->state)) & 1))
-		return;
-	if (atomic_compare_exchange_strong(&t->state, &w, w & ~(uint64_t)1)) {
-		r->paused = 1;
-		r->paused_since = w >> 1;
-		r->paused_at = now_ms();
-	}
-}
-
-static void track_unpause(http_req *r)
-{
-	conn_track *t = track_of(r->conn);
-
-	if (!t || !r->paused)
-		return;
-	r->paused = 0;
-	atomic_store(&t->state, (r->paused_since + (now_ms() - r->paused_at)) << 1 | 1);
-}
-
+/* libmicrohttpd's word on a TCP connection: on the watchdog's list while open. */
 static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
                           enum MHD_ConnectionNotificationCode code)
 {
 	http_server *h = cls;
-	conn_track *t = *socket_context;
 
 	if (code == MHD_CONNECTION_NOTIFY_STARTED) {
 		const union MHD_ConnectionInfo *ci =
 		    MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
 
-		if (!ci || !(t = calloc(1, sizeof(*t))))
-			return; /* untracked: only the idle timeout applies */
-		t->fd = ci->connect_fd;
-		atomic_init(&t->state, now_ms() << 1 | 1);
-		pthread_mutex_lock(&h->conns_lock);
-		t->next = h->conns;
-		if (h->conns)
-			h->conns->prev = t;
-		h->conns = t;
-		pthread_mutex_unlock(&h->conns_lock);
-		*socket_context = t;
+		/* NULL: untracked, only the idle timeout applies */
+		*socket_context = ci ? watchdog_add(h->watchdog, ci->connect_fd) : NULL;
 		return;
 	}
-	if (!t)
-		return;
-	/* Called before libmicrohttpd closes the fd: once t is off the list
-	 * under the lock, the watchdog can no longer touch that fd. */
-	pthread_mutex_lock(&h->conns_lock);
-	if (t->prev)
-		t->prev->next = t->next;
-	else
-		h->conns = t->next;
-	if (t->next)
-		t->next->prev = t->prev;
-	pthread_mutex_unlock(&h->conns_lock);
-	free(t);
+	if (*socket_context)
+		watchdog_remove(h->watchdog, *socket_context);
 	*socket_context = NULL;
-}
-
-static void *watchdog_main(void *arg)
-{
-	http_server *h = arg;
-	uint64_t limit = (uint64_t)h->state->cfg->request_timeout_s * 1000u;
-
-	pthread_mutex_lock(&h->conns_lock);
-	while (!h->stopping) {
-		struct timespec until;
-		unsigned long cut = 0;
-		uint64_t now = now_ms();
-
-		for (conn_track *t = h->conns; t; t = t->next) {
-			uint64_t w = atomic_load(&t->state);
-
-			/* since may be a moment after now (set since now was read) */
-			if ((w & 1) && !t->cut && now > (w >> 1) && now - (w >> 1) > limit &&
-			    atomic_compare_exchange_strong(&t->state, &w, w & ~(uint64_t)1)) {
-				shutdown(t->fd, SHUT_RDWR);
-				t->cut = 1;
-				cut++;
-			}
-		}
-		if (cut) {
-			atomic_fetch_add(&h->cut_total, cut);
-			log_msg("warn", "http: %lu connection(s) past --request-timeout %ds closed",
-			        cut, h->state->cfg->request_timeout_s);
-		}
-		clock_gettime(CLOCK_REALTIME, &until);
-		until.tv_nsec += 200 * 1000000L;
-		if (until.tv_nsec >= 1000000000L) {
-			until.tv_sec++;
-			until.tv_nsec -= 1000000000L;
-		}
-		pthread_cond_timedwait(&h->wake, &h->conns_lock, &until);
-	}
-	pthread_mutex_unlock(&h->conns_lock);
-	return NULL;
-}
-
-static void watchdog_stop(http_server *h)
-{
-	if (!h->watchdog_started)
-		return;
-	pthread_mutex_lock(&h->conns_lock);
-	h->stopping = 1;
-	pthread_cond_signal(&h->wake);
-	pthread_mutex_unlock(&h->conns_lock);
-	pthread_join(h->watchdog, NULL);
-	h->watchdog_started = 0;
 }
 
 /*
@@ -410,7 +251,7 @@ static enum MHD_Result req_suspend(http_server *h, http_req *r, int phase)
 {
 	r->phase = phase;
 	r->item.run = req_work;
-	track_pause(r);
+	track_pause(track_of(r->conn));
 	MHD_suspend_connection(r->conn);
 	if (workers_submit(h->workers, &r->item) == 0)
 		return MHD_YES;
@@ -593,7 +434,7 @@ static enum MHD_Result send_answer(http_req *r, http_answer *a)
 	observe(r->answer.outcome, since_start(r));
 	ret = MHD_queue_response(r->conn, (unsigned)a->status, resp);
 	MHD_destroy_response(resp);
-	track_set(r->server, r->conn, 0);
+	track_set(track_of(r->conn), 0);
 	return ret;
 }
 
@@ -732,7 +573,7 @@ static enum MHD_Result on_head(http_server *h, http_req *r, struct MHD_Connectio
 static enum MHD_Result head_resumed(http_req *r, const char *method)
 {
 	r->phase = REQ_BODY;
-	track_unpause(r);
+	track_unpause(track_of(r->conn));
 	if (r->later.status)
 		return send_answer(r, &r->later);
 	return head_rest(r, method);
@@ -790,7 +631,7 @@ static enum MHD_Result on_body_done(http_server *h, http_req *r, struct MHD_Conn
 		answer_problem(&a, 413, "payload_too_large", "the body is larger than 1 MiB");
 		return send_answer(r, &a);
 	}
-	track_set(h, conn, 0); /* the request is in: no deadline while it is answered */
+	track_set(track_of(conn), 0); /* the request is in: no deadline while it is answered */
 	a.outcome = "-";
 	if (route_run_fast(h->state, r, &r->match, &a))
 		return send_answer(r, &a);
@@ -851,7 +692,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 	log_request(r->request_id, r->method, r->match.route ? r->match.route : "-",
 	            r->answered ? r->answer.status : 0,
 	            toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? o : "client-gone", secs * 1000.0);
-	track_set(h, conn, 1);
+	track_set(track_of(conn), 1);
 	refused = r->refused;
 	free(r->later.body);
 	if (r->body_heap)
@@ -932,16 +773,16 @@ int http_start(http_server **out, server_state *s, char *err, size_t errlen)
 		return -1;
 	}
 	h->state = s;
-	pthread_mutex_init(&h->conns_lock, NULL);
-	pthread_cond_init(&h->wake, NULL);
 	worker_delay_ms =
 	    (hook = getenv("IDEMD_TEST_WORKER_DELAY_MS")) ? strtol(hook, NULL, 10) : 0;
 	resume_delay_us =
 	    (hook = getenv("IDEMD_TEST_RESUME_DELAY_US")) ? strtol(hook, NULL, 10) : 0;
 	/* As many workers as connections: each has at most one item in flight. */
 	if (workers_start(&h->workers, s->cfg->max_connections, HTTP_STACK_SIZE, WORKER_IDLE_MS) <
-	    0) {
+	        0 ||
+	    watchdog_start(&h->watchdog, s->cfg->request_timeout_s) < 0) {
 		snprintf(err, errlen, "out of memory");
+		workers_stop(h->workers);
 		free(h);
 		return -1;
 	}
@@ -960,13 +801,10 @@ int http_start(http_server **out, server_state *s, char *err, size_t errlen)
 		snprintf(err, errlen, "cannot listen on %s (address in use or not permitted?)",
 		         s->cfg->listen);
 		workers_stop(h->workers);
+		watchdog_stop(h->watchdog);
 		free(h);
 		return -1;
 	}
-	if (pthread_create(&h->watchdog, NULL, watchdog_main, h) == 0)
-		h->watchdog_started = 1;
-	else
-		log_msg("warn", "http: no request deadline (cannot start the watchdog thread)");
 	*out = h;
 	return 0;
 }
@@ -1008,7 +846,7 @@ int http_stop(http_server *h, int grace_ms)
 		sleep_us(1000);
 	MHD_stop_daemon(h->daemon);
 	workers_stop(h->workers);
-	watchdog_stop(h);
+	watchdog_stop(h->watchdog);
 	free(h);
 	return 0;
 }

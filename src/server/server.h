@@ -221,6 +221,26 @@ int workers_submit(workers *w, work_item *item);
 /* Join every worker; nothing may be submitted any more. NULL is accepted. */
 void workers_stop(workers *w);
 
+/*
+ * The request deadline (watchdog.c): one conn_track per TCP connection;
+ * a request's head and body must be in within request_timeout_s of the
+ * connection's opening or its previous answer, else its socket is shut
+ * down. track_set(t, 1): the next request's clock starts now (if it is not
+ * running); 0: the request is being answered. track_pause / track_unpause:
+ * the clock stops while a key lookup runs on a worker, and goes on after.
+ * Every track_* call is made on the connection's event thread; t NULL (an
+ * untracked connection) is accepted.
+ */
+typedef struct watchdog watchdog;
+typedef struct conn_track conn_track;
+int watchdog_start(watchdog **out, int request_timeout_s);
+void watchdog_stop(watchdog *w);
+conn_track *watchdog_add(watchdog *w, int fd); /* NULL when out of memory */
+void watchdog_remove(watchdog *w, conn_track *t);
+void track_set(conn_track *t, int reading);
+void track_pause(conn_track *t);
+void track_unpause(conn_track *t);
+
 /* Start and stop the HTTP daemon. */
 typedef struct http_server http_server;
 int http_start(http_server **out, server_state *s, char *err, size_t errlen);
