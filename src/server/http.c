@@ -41,8 +41,9 @@
 #define HTTP_ARENA_SIZE 4096
 /* A body up to this size lives in the arena; a larger one in malloc. */
 #define HTTP_BODY_INLINE 2048
-/* Each connection's thread (address space mostly; glibc's default is 8 MiB):
- * a handler runs a store read (libpq, MariaDB Connector/C, SQLite) at most. */
+/* Each event and worker thread's stack (address space mostly; glibc's default
+ * is 8 MiB): a worker runs a store read (libpq, MariaDB Connector/C, SQLite)
+ * at most. */
 #define HTTP_STACK_SIZE (1024 * 1024)
 /* A worker idle this long exits (workers.c). */
 #define WORKER_IDLE_MS 5000
@@ -50,9 +51,10 @@
 /*
  * Who touches a request, and when.
  *
- * A request (http_req r) is made by on_uri and freed by on_completed, both
- * on the event thread that owns its connection (libmicrohttpd calls every
- * callback of a connection on the thread of the pool that accepted it).
+ * A request (http_req r) is made by on_uri and ended by on_completed (freed,
+ * or kept for the connection's next request), both on the event thread that
+ * owns its connection (libmicrohttpd calls every callback of a connection on
+ * the thread of the pool that accepted it).
  * Apart from that thread, at most one other thread owns r at any time: the
  * worker running r's item (req_work) and, for a write, the thread that
  * calls http_write_done (a group-commit writer after its COMMIT, the

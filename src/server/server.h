@@ -81,8 +81,10 @@ typedef struct http_req http_req;
 
 /*
  * The write a handler started with an idem_pay_*_async call; its strings
- * live in the request, which outlives the call. Pass http_write_done and
- * the request as done/done_ctx and set answer->pending.
+ * live in the request, which lives until the answer is given. Set
+ * answer->pending, then pass http_write_done and the request as
+ * done/done_ctx: it resumes the suspended connection with the answer, on
+ * whatever thread has it, after which the request may be gone.
  */
 idem_pay_request *req_write(http_req *r, char **key_buf, size_t *key_size, char **path_buf,
                             size_t *path_size);
