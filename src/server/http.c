@@ -63,9 +63,18 @@
  * Hand-over: the event thread hands r over only from its access handler,
  * by MHD_suspend_connection and then workers_submit (req_suspend), and
  * does not touch r again until libmicrohttpd calls the handler for it
- * again, which it does only after a resume. The owner hands r back by
- * writing the answer (r->later; r->match.merchant after a key lookup) and
- * then calling MHD_resume_connection (req_resume), and touches r no more:
+ * again, which it does only after a resume. It suspends in two states
+ * only, and 0.9.75 (connection.c, MHD_connection_handle_idle) calls again
+ * in the same state: after the first call (HEADERS_PROCESSED) the first
+ * call again, upload NULL, before it reads any body or sends 100 Continue
+ * (REQ_HEAD_WAIT: head_resumed); after the final call
+ * (FULL_REQ_RECEIVED) the final call again (REQ_RUN_WAIT: the answer). A
+ * response queued in that call is sent; one queued in the first call with
+ * a body still to come closes the connection after it, unread.
+ *
+ * The owner hands r back by writing the answer (r->later;
+ * r->match.merchant after a key lookup) and then calling
+ * MHD_resume_connection (req_resume), and touches r no more:
  * libmicrohttpd may answer and free it at once. The daemon's lock, taken in
  * MHD_resume_connection and again when the event thread takes the
  * connection back, orders the owner's writes before the event thread's
