@@ -170,6 +170,22 @@ IDEM_EXTERN int idem_pay_authenticate(idem_pay *pay, const char *api_key, size_t
                                       char id_out[IDEM_PAY_ID_SIZE]);
 
 /*
+ * idem_pay_authenticate from memory alone, for a caller that must never
+ * wait (an HTTP event thread): the cache of keys the store confirmed in
+ * the last 10 s. Never touches the store and never blocks but on a short
+ * in-memory lock.
+ *   pay      the handle (a router asks the shard the key names)
+ *   api_key  the key's bytes, len of them (a NUL is one of them)
+ *   id_out   the merchant on a hit; "" otherwise
+ * Returns 1 with id_out set when the key is a verified one; 0 when memory
+ * cannot say (not cached, expired, no cache): call idem_pay_authenticate,
+ * which may read the store; IDEM_ENOTFOUND when the key is malformed, which
+ * no lookup would find either.
+ */
+IDEM_EXTERN int idem_pay_authenticate_cached(idem_pay *pay, const char *api_key, size_t len,
+                                             char id_out[IDEM_PAY_ID_SIZE]);
+
+/*
  * Check X-Signature (hex HMAC-SHA256 of body with the channel's secret),
  * in constant time. 0 when valid; IDEM_ENOTFOUND when the channel is
  * unknown or the signature wrong; a store error otherwise.
@@ -217,6 +233,23 @@ IDEM_EXTERN void idem_pay_refund_async(idem_pay *pay, const idem_pay_request *rq
                                        void *done_ctx);
 IDEM_EXTERN void idem_pay_transfer_async(idem_pay *pay, const idem_pay_request *rq,
                                          idem_done_fn done, void *done_ctx);
+
+/*
+ * The replay shortcut alone, without waiting: answers rq only when the
+ * front cache holds its exact bytes (method, path, body) under its
+ * Idempotency-Key, which the full path keeps after it answered those bytes
+ * from a stored record (docs/api-notes.md, "Points decided"). Payments and
+ * refunds with a valid Idempotency-Key only. Never touches the store, never
+ * parses the body, never blocks but on a short in-memory lock; a router
+ * (idem_pay_open_shards) answers nothing here.
+ *   out  on 1, the REPLAY (stored status and body, owned by the caller:
+ *        idem_result_clear); on 0, empty
+ *   pay  the handle; rq the request, borrowed for the call
+ * Returns 1 when answered; 0 when not (no hit, other bytes, another
+ * route, no key, out of memory): nothing was done, and the request is to
+ * be made with the matching idem_pay_*_async call, whose answer it gives.
+ */
+IDEM_EXTERN int idem_pay_try_replay(idem_result *out, idem_pay *pay, const idem_pay_request *rq);
 
 /*
  * Reads, scoped to merchant. Answer through out (outcome FIRST, stored 0):

@@ -194,24 +194,61 @@ static int read_key_row(void *ctx, const idem_value *cols, int n)
 	return 1;
 }
 
+/* IDEM_ENOTFOUND unless api_key has the form of a key: "sk_<id>_<secret>". */
+static int key_form(const char *api_key, size_t len)
+{
+	if (!api_key || len != 3 + KEY_ID_HEX + 1 + KEY_SECRET_HEX ||
+	    memcmp(api_key, "sk_", 3) != 0 || api_key[3 + KEY_ID_HEX] != '_')
+		return IDEM_ENOTFOUND;
+	return 0;
+}
+
+/* A router's shard for api_key: its key id names it ("s" + three digits;
+ * else shard 0). -1 when that is no shard of this router. */
+static int key_shard(const idem_pay *pay, const char *api_key)
+{
+	int shard = api_key[3] == 's' ? pay__id_shard(api_key) : 0;
+
+	return shard < 0 || shard >= pay->nshards ? -1 : shard;
+}
+
+int idem_pay_authenticate_cached(idem_pay *pay, const char *api_key, size_t len,
+                                 char id_out[IDEM_PAY_ID_SIZE])
+{
+	char digest[65];
+	int rc, shard;
+
+	id_out[0] = '\0';
+	if ((rc = key_form(api_key, len)) < 0)
+		return rc;
+	if (pay->nshards) {
+		if ((shard = key_shard(pay, api_key)) < 0)
+			return IDEM_ENOTFOUND;
+		rc = idem_pay_authenticate_cached(pay->shards[shard], api_key, len, id_out);
+		if (rc == 1) /* memory only, as the lookup below */
+			pay__dir_remember(pay, id_out, shard);
+		return rc;
+	}
+	/* No cache, or no digest (out of memory): the full lookup will say. */
+	if (!pay->auth || sha256_hex(digest, api_key, len) < 0)
+		return 0;
+	return pay__authcache_get(pay->auth, digest, pay__now(pay), id_out) ? 1 : 0;
+}
+
 int idem_pay_authenticate(idem_pay *pay, const char *api_key, size_t len,
                           char id_out[IDEM_PAY_ID_SIZE])
 {
 	key_row row = {0};
 	char key_id[KEY_ID_HEX + 1], digest[65];
 	idem_value p[1];
-	int rc;
+	int rc, shard;
 
 	id_out[0] = '\0';
-	if (!api_key || len != 3 + KEY_ID_HEX + 1 + KEY_SECRET_HEX ||
-	    memcmp(api_key, "sk_", 3) != 0 || api_key[3 + KEY_ID_HEX] != '_')
-		return IDEM_ENOTFOUND;
+	if ((rc = key_form(api_key, len)) < 0)
+		return rc;
 	if (pay->nshards) {
-		/* The key id names its shard ("s" + three digits; else shard 0): one
-		 * shard is asked, and what it confirms fills the directory cache. */
-		int shard = api_key[3] == 's' ? pay__id_shard(api_key) : 0;
-
-		if (shard < 0 || shard >= pay->nshards)
+		/* One shard is asked, and what it confirms fills the directory cache. */
+		if ((shard = key_shard(pay, api_key)) < 0)
 			return IDEM_ENOTFOUND;
 		if ((rc = idem_pay_authenticate(pay->shards[shard], api_key, len, id_out)) == 0)
 			pay__dir_remember(pay, id_out, shard);

@@ -62,30 +62,61 @@ static size_t raw_bytes(char out[IDEM__CACHE_RAW_MAX], const idem_pay_request *r
 	return m + p + 2 + rq->body_len;
 }
 
-/* 1 when done has been given the replay; 0 to go the canonical way. */
-static int raw_replay(raw_op *r)
+/*
+ * 1 and out a REPLAY when pay's front cache holds rq's exact bytes under its
+ * key; else 0 with out empty (go the canonical way). *type: the business
+ * type of the shortcut, NULL when rq cannot take it. Memory only.
+ */
+static int raw_lookup(idem_result *out, idem_pay *pay, const idem_pay_request *rq,
+                      const char **type)
 {
-	const idem_pay_request *rq = r->op.rq;
 	idem_request req = IDEM_REQUEST_INIT;
-	idem_result res = {0};
 	char raw[IDEM__CACHE_RAW_MAX];
 	size_t n;
 
-	if (!(r->raw_type = raw_type(rq)) || !(n = raw_bytes(raw, rq))) {
-		r->raw_type = NULL;
+	memset(out, 0, sizeof(*out));
+	if (!(*type = raw_type(rq)) || !(n = raw_bytes(raw, rq))) {
+		*type = NULL;
 		return 0;
 	}
 	req.scope = rq->caller;
-	req.business_type = r->raw_type;
+	req.business_type = *type;
 	req.key = rq->key;
 	req.key_len = rq->key_len;
-	if (idem__replay_raw(r->op.pay->store, &req, raw, n, &res) != 1) {
-		idem_result_clear(&res);
+	if (idem__replay_raw(pay->store, &req, raw, n, out) != 1) {
+		idem_result_clear(out);
 		return 0;
 	}
+	return 1;
+}
+
+/* 1 when done has been given the replay; 0 to go the canonical way. */
+static int raw_replay(raw_op *r)
+{
+	idem_result res = {0};
+
+	if (!raw_lookup(&res, r->op.pay, r->op.rq, &r->raw_type))
+		return 0;
 	r->op.done(r->op.done_ctx, 0, &res);
 	idem_result_clear(&res);
 	return 1;
+}
+
+/*
+ * The shortcut alone, for a caller that must not wait (an HTTP event
+ * thread): a router answers nothing here, since finding a merchant's shard
+ * may read the directory.
+ */
+int idem_pay_try_replay(idem_result *out, idem_pay *pay, const idem_pay_request *rq)
+{
+	const char *type = NULL;
+
+	if (!out)
+		return 0;
+	memset(out, 0, sizeof(*out));
+	if (!pay || !rq || pay->nshards)
+		return 0;
+	return raw_lookup(out, pay, rq, &type);
 }
 
 /* After the canonical path answered from a stored record: keep the bytes. */

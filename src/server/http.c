@@ -6,12 +6,19 @@
  * A request's header fields and a small body live in its own arena
  * (server.h), freed once with it: no allocation per field.
  *
- * Every connection has a thread of its own (libmicrohttpd's
- * thread-per-connection mode): a handler that waits for the store, up to
- * its deadline on a frozen database, holds only its own connection, never
- * another client's or /healthz. A write waits on its thread for the
- * group-commit writer's answer, given after its COMMIT returned, so a 2xx
- * never leaves before it is durable.
+ * libmicrohttpd runs a pool of --threads event threads (epoll), each
+ * serving many connections, and they must never wait: on them run only the
+ * head and the body, the route, every 4xx, /metrics, a key the auth cache
+ * verified, and a replay of an answered request's very bytes from the front
+ * cache. Whatever may wait for the store (a key lookup, a read, /healthz's
+ * ping, the start of a write) runs on a worker thread of its own
+ * (workers.c) while the connection is suspended, so a request that waits
+ * out its deadline on a frozen database holds only that worker, never an
+ * event thread with /healthz and every other connection behind it. A write
+ * holds no thread while it waits: the group-commit writer resumes the
+ * connection after its COMMIT returned, so a 2xx never leaves before it is
+ * durable (DESIGN.md §5). Who may touch a request when: below, before
+ * struct http_req.
  */
 #include <arpa/inet.h>
 #include <microhttpd.h>
@@ -34,16 +41,82 @@
 #define HTTP_ARENA_SIZE 4096
 /* A body up to this size lives in the arena; a larger one in malloc. */
 #define HTTP_BODY_INLINE 2048
-/* Each connection's thread (address space mostly; glibc's default is 8 MiB):
- * a handler runs a store read (libpq, MariaDB Connector/C, SQLite) at most. */
+/* Each event and worker thread's stack (address space mostly; glibc's default
+ * is 8 MiB): a worker runs a store read (libpq, MariaDB Connector/C, SQLite)
+ * at most. */
 #define HTTP_STACK_SIZE (1024 * 1024)
+/* A worker idle this long exits (workers.c). */
+#define WORKER_IDLE_MS 5000
+
+/*
+ * Who touches a request, and when.
+ *
+ * A request (http_req r) is made by on_uri and ended by on_completed (freed,
+ * or kept for the connection's next request), both on the event thread that
+ * owns its connection (libmicrohttpd calls every callback of a connection on
+ * the thread of the pool that accepted it).
+ * Apart from that thread, at most one other thread owns r at any time: the
+ * worker running r's item (req_work) and, for a write, the thread that
+ * calls http_write_done (a group-commit writer after its COMMIT, the
+ * channel pool, or the worker itself when no commit is needed).
+ *
+ * Hand-over: the event thread hands r over only from its access handler,
+ * by MHD_suspend_connection and then workers_submit (req_suspend), and
+ * does not touch r again until libmicrohttpd calls the handler for it
+ * again, which it does only after a resume. It suspends in two states
+ * only, and 0.9.75 (connection.c, MHD_connection_handle_idle) calls again
+ * in the same state: after the first call (HEADERS_PROCESSED) the first
+ * call again, upload NULL, before it reads any body or sends 100 Continue
+ * (REQ_HEAD_WAIT: head_resumed); after the final call
+ * (FULL_REQ_RECEIVED) the final call again (REQ_RUN_WAIT: the answer). A
+ * response queued in that call is sent; one queued in the first call with
+ * a body still to come closes the connection after it, unread.
+ *
+ * The owner hands r back by writing the answer (r->later;
+ * r->match.merchant after a key lookup) and then calling
+ * MHD_resume_connection (req_resume), and touches r no more:
+ * libmicrohttpd may answer and free it at once. The daemon's lock, taken in
+ * MHD_resume_connection and again when the event thread takes the
+ * connection back, orders the owner's writes before the event thread's
+ * reads. While suspended, libmicrohttpd neither reads the connection nor
+ * times it out nor closes it (0.9.75 takes it off its lists), so r and the
+ * connection both live until the resume; a worker may read the request's
+ * head and query meanwhile.
+ *
+ * One resume per suspend: each suspend is followed by one submit of r's
+ * item (when no thread can take it, the event thread resumes at once with
+ * a 503), each item ends in exactly one resume: req_work resumes after a
+ * key lookup, a read, /healthz or a write refused before it started; a
+ * started write (answer.pending) returns without touching r, and the
+ * write's done callback, which idem_pay_*_async calls exactly once,
+ * resumes. No resume comes before its suspend: the item is submitted
+ * after it.
+ *
+ * No suspended connection at MHD_stop_daemon: a request is counted in
+ * h->active from on_uri to on_completed (refused ones aside), only a
+ * counted request suspends, and on_completed cannot run for a suspended
+ * connection, so active == 0 means none is suspended. on_uri counts, then
+ * reads the drain flag; http_stop sets the flag, then reads the count
+ * (both sequentially consistent): a request is either seen by http_stop,
+ * which waits for it, or sees the flag and is answered 503 shutting_down
+ * at once, without suspending. A resumer is still inside
+ * MHD_resume_connection for a moment after the event thread may have
+ * completed the request (it wakes the thread through the daemon's ITC), so
+ * it counts itself in h->resuming around the call, and http_stop waits for
+ * that count as well: the increment comes before the resume, hence before
+ * the decrement of active that http_stop saw.
+ */
+
+/* Where a request is: its head not seen yet; a key lookup, or the route,
+ * on a worker (suspended); reading its body; answered or being answered. */
+enum { REQ_NEW, REQ_HEAD_WAIT, REQ_BODY, REQ_RUN_WAIT, REQ_DONE };
 
 struct http_req {
 	struct MHD_Connection *conn;
 	http_server *server;
 	char request_id[17];
 	char method[12];
-	int started;                /* on_request has seen the head */
+	int phase;                  /* REQ_*: the event thread's, but for the hand-over */
 	int refused;                /* begun after http_stop: 503, not counted in active */
 	size_t raw_uri_len;         /* the target as received, up to a NUL */
 	const char *target_problem; /* why the target is refused, or NULL */
@@ -59,15 +132,15 @@ struct http_req {
 	int body_heap;      /* body is malloc'd (it outgrew its arena block) */
 	http_answer answer; /* what was sent, for the log */
 
-	/* A write in flight (group commit): the connection's thread waits on
-	 * cond until the writer thread has left the answer in later. */
+	/* On a worker (REQ_HEAD_WAIT, REQ_RUN_WAIT): the item, the request's
+	 * store deadline (from its arrival), the answer left for the event
+	 * thread, and a write's request (its strings live here). */
+	work_item item;
+	int64_t deadline;
+	http_answer later;
 	idem_pay_request write;
 	char key[IDEM_KEY_MAX + 2];
 	char write_path[400];
-	pthread_mutex_t lock;
-	pthread_cond_t cond;
-	int ready;
-	http_answer later;
 
 	req_arena arena;
 	/* Not zeroed: everything above is, once per request (on_uri). */
@@ -84,75 +157,42 @@ idem_pay_request *req_write(http_req *r, char **key_buf, size_t *key_size, char 
 	return &r->write;
 }
 
-/*
- * r->later holds the answer: wake the connection's thread waiting for it.
- * The lock is held while signalling: on_completed frees r only after
- * on_request returned, and on_request returns only after it saw ready
- * under the same lock, so r is still ours until the unlock.
- */
-static void req_ready(http_req *r)
-{
-	pthread_mutex_lock(&r->lock);
-	r->ready = 1;
-	pthread_cond_signal(&r->cond);
-	pthread_mutex_unlock(&r->lock);
-}
-
-void http_write_done(void *ctx, int rc, idem_result *res)
-{
-	http_req *r = ctx;
-
-	answer_result(&r->later, rc, res);
-	req_ready(r);
-}
-
-/*
- * One per TCP connection (libmicrohttpd's socket context), on a list the
- * watchdog walks. --connection-timeout is an idle timeout that every byte
- * resets, so a client dripping a byte at a time held a connection forever
- * (slowloris). The watchdog gives each request a deadline instead: its head
- * and body must be in within --request-timeout of the connection's opening
- * or its previous answer, else the socket is shut down. A request that is
- * being answered (its body is in) is never cut.
- */
-typedef struct conn_track {
-	struct conn_track *prev, *next;
-	int fd;
-	/*
-	 * (since << 1) | reading: when the current request's clock started (ms,
-	 * CLOCK_MONOTONIC) and whether its head or body is still arriving. One
-	 * word, so that a request thread sets it without the list lock (three
-	 * times per request, on every server thread) and the watchdog cuts only
-	 * with a compare-and-swap from the very word it judged: a request whose
-	 * body came in meanwhile has another word and is never cut.
-	 */
-	_Atomic uint64_t state;
-	int cut; /* the watchdog's, under conns_lock */
-} conn_track;
-
 struct http_server {
 	struct MHD_Daemon *daemon;
 	server_state *state;
 	_Atomic int active;   /* requests begun and not completed, refused ones aside */
 	_Atomic int draining; /* http_stop began: new requests are refused */
-
-	pthread_mutex_t conns_lock; /* conns, and every conn_track's cut */
-	pthread_cond_t wake;
-	conn_track *conns;
-	pthread_t watchdog;
-	int watchdog_started, stopping;
-	_Atomic unsigned long cut_total;
+	_Atomic int resuming; /* threads inside req_resume */
+	workers *workers;
+	watchdog *watchdog;
 };
 
-static uint64_t now_ms(void)
-{
-	struct timespec now;
+/*
+ * One per TCP connection (libmicrohttpd's socket context), touched only on
+ * its event thread: its place on the watchdog's list (NULL: untracked, only
+ * the idle timeout applies), and the last request's memory, kept for the
+ * next request on the connection: a request is some 6 KiB, and a malloc
+ * that large made glibc consolidate its fast bins on every request. Under
+ * AddressSanitizer every request's memory is freed instead, so that a touch
+ * of a request after its hand-back (above http_req) is still caught.
+ */
+#if defined(__SANITIZE_ADDRESS__)
+#define HTTP_REUSE_REQ 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define HTTP_REUSE_REQ 0
+#endif
+#endif
+#ifndef HTTP_REUSE_REQ
+#define HTTP_REUSE_REQ 1
+#endif
 
-	clock_gettime(CLOCK_MONOTONIC, &now);
-	return (uint64_t)now.tv_sec * 1000u + (uint64_t)now.tv_nsec / 1000000u;
-}
+typedef struct {
+	conn_track *track;
+	http_req *spare;
+} http_conn;
 
-static conn_track *track_of(struct MHD_Connection *conn)
+static http_conn *conn_of(struct MHD_Connection *conn)
 {
 	const union MHD_ConnectionInfo *ci =
 	    MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
@@ -160,110 +200,116 @@ static conn_track *track_of(struct MHD_Connection *conn)
 	return ci ? ci->socket_context : NULL;
 }
 
-/* reading 1: the next request's clock starts now; 0: it is being answered. */
-static void track_set(http_server *h, struct MHD_Connection *conn, int reading)
+static conn_track *track_of(struct MHD_Connection *conn)
 {
-	conn_track *t = track_of(conn);
-	uint64_t w;
+	http_conn *c = conn_of(conn);
 
-	(void)h;
-	if (!t)
-		return;
-	w = atomic_load(&t->state);
-	if (reading && !(w & 1)) /* the clock starts now */
-		atomic_store(&t->state, now_ms() << 1 | 1);
-	else if (!reading && (w & 1))
-		atomic_store(&t->state, w & ~(uint64_t)1);
+	return c ? c->track : NULL;
 }
 
+/* libmicrohttpd's word on a TCP connection: opened, or closed (after the
+ * last request's on_completed, before the socket is closed). */
 static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
                           enum MHD_ConnectionNotificationCode code)
 {
 	http_server *h = cls;
-	conn_track *t = *socket_context;
+	http_conn *c = *socket_context;
 
 	if (code == MHD_CONNECTION_NOTIFY_STARTED) {
 		const union MHD_ConnectionInfo *ci =
 		    MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
 
-		if (!ci || !(t = calloc(1, sizeof(*t))))
-			return; /* untracked: only the idle timeout applies */
-		t->fd = ci->connect_fd;
-		atomic_init(&t->state, now_ms() << 1 | 1);
-		pthread_mutex_lock(&h->conns_lock);
-		t->next = h->conns;
-		if (h->conns)
-			h->conns->prev = t;
-		h->conns = t;
-		pthread_mutex_unlock(&h->conns_lock);
-		*socket_context = t;
+		if ((c = calloc(1, sizeof(*c))) != NULL && ci)
+			c->track = watchdog_add(h->watchdog, ci->connect_fd);
+		*socket_context = c;
 		return;
 	}
-	if (!t)
+	if (!c)
 		return;
-	/* Called before libmicrohttpd closes the fd: once t is off the list
-	 * under the lock, the watchdog can no longer touch that fd. */
-	pthread_mutex_lock(&h->conns_lock);
-	if (t->prev)
-		t->prev->next = t->next;
-	else
-		h->conns = t->next;
-	if (t->next)
-		t->next->prev = t->prev;
-	pthread_mutex_unlock(&h->conns_lock);
-	free(t);
+	if (c->track)
+		watchdog_remove(h->watchdog, c->track);
+	free(c->spare);
+	free(c);
 	*socket_context = NULL;
 }
 
-static void *watchdog_main(void *arg)
+/*
+ * Test hooks (tests/http/test_pool.py, test_hardening.py ResumeRace):
+ * IDEMD_TEST_WORKER_DELAY_MS holds every worker that long before its item,
+ * as a slow store would; IDEMD_TEST_RESUME_DELAY_US holds a resumer that
+ * long just after MHD_resume_connection, when the request may already be
+ * answered and freed.
+ */
+static long worker_delay_ms, resume_delay_us;
+
+static void sleep_us(long us)
 {
-	http_server *h = arg;
-	uint64_t limit = (uint64_t)h->state->cfg->request_timeout_s * 1000u;
-
-	pthread_mutex_lock(&h->conns_lock);
-	while (!h->stopping) {
-		struct timespec until;
-		unsigned long cut = 0;
-		uint64_t now = now_ms();
-
-		for (conn_track *t = h->conns; t; t = t->next) {
-			uint64_t w = atomic_load(&t->state);
-
-			/* since may be a moment after now (set since now was read) */
-			if ((w & 1) && !t->cut && now > (w >> 1) && now - (w >> 1) > limit &&
-			    atomic_compare_exchange_strong(&t->state, &w, w & ~(uint64_t)1)) {
-				shutdown(t->fd, SHUT_RDWR);
-				t->cut = 1;
-				cut++;
-			}
-		}
-		if (cut) {
-			atomic_fetch_add(&h->cut_total, cut);
-			log_msg("warn", "http: %lu connection(s) past --request-timeout %ds closed",
-			        cut, h->state->cfg->request_timeout_s);
-		}
-		clock_gettime(CLOCK_REALTIME, &until);
-		until.tv_nsec += 200 * 1000000L;
-		if (until.tv_nsec >= 1000000000L) {
-			until.tv_sec++;
-			until.tv_nsec -= 1000000000L;
-		}
-		pthread_cond_timedwait(&h->wake, &h->conns_lock, &until);
-	}
-	pthread_mutex_unlock(&h->conns_lock);
-	return NULL;
+	nanosleep(&(struct timespec){us / 1000000, us % 1000000 * 1000}, NULL);
 }
 
-static void watchdog_stop(http_server *h)
+/* The owner's last touch of r (above http_req: hand-over). */
+static void req_resume(http_server *h, http_req *r)
 {
-	if (!h->watchdog_started)
-		return;
-	pthread_mutex_lock(&h->conns_lock);
-	h->stopping = 1;
-	pthread_cond_signal(&h->wake);
-	pthread_mutex_unlock(&h->conns_lock);
-	pthread_join(h->watchdog, NULL);
-	h->watchdog_started = 0;
+	struct MHD_Connection *conn = r->conn;
+
+	atomic_fetch_add(&h->resuming, 1);
+	MHD_resume_connection(conn);
+	/* r may be answered and freed from here on */
+	if (resume_delay_us > 0)
+		sleep_us(resume_delay_us);
+	atomic_fetch_sub(&h->resuming, 1);
+}
+
+/* A write's answer, on the thread that has it: back to the event thread. */
+void http_write_done(void *ctx, int rc, idem_result *res)
+{
+	http_req *r = ctx;
+
+	answer_result(&r->later, rc, res);
+	req_resume(r->server, r);
+}
+
+/* On a worker: what r was suspended for, under the request's deadline. */
+static void req_work(work_item *item)
+{
+	http_req *r = (http_req *)(void *)((char *)item - offsetof(http_req, item));
+	http_server *h = r->server;
+	http_answer a = {0};
+
+	if (worker_delay_ms > 0)
+		sleep_us(worker_delay_ms * 1000);
+	idem_deadline_adopt(r->deadline);
+	a.outcome = "-";
+	if (r->phase == REQ_HEAD_WAIT) {
+		route_authenticate(h->state, r, &r->match, &a); /* a.status 0: the merchant is in */
+		idem_deadline_end();
+	} else {
+		route_run(h->state, r, &r->match, &a);
+		if (a.pending)
+			return; /* a write: its done callback resumes r, maybe did: not ours */
+	}
+	r->later = a;
+	req_resume(h, r);
+}
+
+/*
+ * On the event thread, in the access handler: hand r to a worker for what
+ * may wait (phase REQ_HEAD_WAIT: the key lookup; REQ_RUN_WAIT: the route).
+ * libmicrohttpd calls the handler again once the worker resumed it.
+ */
+static enum MHD_Result req_suspend(http_server *h, http_req *r, int phase)
+{
+	r->phase = phase;
+	r->item.run = req_work;
+	track_pause(track_of(r->conn));
+	MHD_suspend_connection(r->conn);
+	if (workers_submit(h->workers, &r->item) == 0)
+		return MHD_YES;
+	answer_problem(&r->later, 503, "server_busy",
+	               "no thread could be started for this request; retry later");
+	r->later.outcome = "error";
+	req_resume(h, r);
+	return MHD_YES;
 }
 
 const char *req_header(http_req *r, const char *name, size_t *len)
@@ -438,7 +484,7 @@ static enum MHD_Result send_answer(http_req *r, http_answer *a)
 	observe(r->answer.outcome, since_start(r));
 	ret = MHD_queue_response(r->conn, (unsigned)a->status, resp);
 	MHD_destroy_response(resp);
-	track_set(r->server, r->conn, 0);
+	track_set(track_of(r->conn), 0);
 	return ret;
 }
 
@@ -457,16 +503,17 @@ static enum MHD_Result send_answer(http_req *r, http_answer *a)
 static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn)
 {
 	http_server *h = cls;
-	http_req *r = malloc(sizeof(*r));
+	http_conn *hc = conn_of(conn);
+	http_req *r = hc && hc->spare ? hc->spare : malloc(sizeof(*r));
 	size_t params = 0;
 	char *q;
 
 	if (!r)
 		return NULL;
+	if (hc)
+		hc->spare = NULL;
 	memset(r, 0, offsetof(http_req, arena_mem));
 	arena_init(&r->arena, r->arena_mem, sizeof(r->arena_mem));
-	pthread_mutex_init(&r->lock, NULL);
-	pthread_cond_init(&r->cond, NULL);
 	r->server = h;
 	r->conn = conn;
 	snprintf(r->method, sizeof(r->method), "-");
@@ -476,8 +523,8 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn)
 	 * Counted, then the drain flag read; http_stop sets the flag, then
 	 * reads the count (both sequentially consistent): either it sees this
 	 * request and waits for it, or this request sees the flag and is
-	 * refused at once, so MHD_stop_daemon never joins a connection thread
-	 * waiting for a write.
+	 * refused at once without suspending (above http_req), so
+	 * MHD_stop_daemon never finds a suspended connection.
 	 */
 	atomic_fetch_add(&h->active, 1);
 	if (atomic_load(&h->draining)) {
@@ -507,37 +554,13 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn)
 	return r;
 }
 
-/*
- * The head is in (the first call for a request): refuse what the target,
- * the framing, the route, the credentials, the size or the media type
- * rule out, before any of the body is read.
- */
-static enum MHD_Result on_head(http_server *h, http_req *r, struct MHD_Connection *conn,
-                               const char *url, const char *method, const char *version)
+/* The head's checks after the credentials: size, then media type. */
+static enum MHD_Result head_rest(http_req *r, const char *method)
 {
 	http_answer a = {0};
 	const char *cl;
 	size_t cl_len = 0;
 
-	r->started = 1;
-	snprintf(r->method, sizeof(r->method), "%s", method);
-	if (r->refused) {
-		answer_problem(&a, 503, "shutting_down",
-		               "the server is shutting down; retry on another instance");
-		a.close = 1;
-		return send_answer(r, &a);
-	}
-	if (r->target_problem) {
-		answer_problem(&a, r->target_status,
-		               r->target_status == 414 ? "uri_too_long" : "invalid_request",
-		               r->target_problem);
-		a.close = 1;
-		return send_answer(r, &a);
-	}
-	if (head_parse(&r->head, &r->arena, conn, method, url, version, r->raw_uri_len, &a) != 0)
-		return send_answer(r, &a);
-	if (route_prepare(h->state, r, method, url, &r->match, &a) != 0)
-		return send_answer(r, &a);
 	cl = req_header(r, "Content-Length", &cl_len);
 	if (cl && strtoull(cl, NULL, 10) > SERVER_DRAIN_MAX) {
 		answer_problem(&a, 413, "payload_too_large", "the body is larger than 1 MiB");
@@ -554,6 +577,59 @@ static enum MHD_Result on_head(http_server *h, http_req *r, struct MHD_Connectio
 	if (route_check_media(r, method, &a) != 0)
 		return send_answer(r, &a);
 	return MHD_YES;
+}
+
+/*
+ * The head is in (the first call for a request): refuse what the target,
+ * the framing, the route, the credentials, the size or the media type
+ * rule out, before any of the body is read. A bearer key the cache does
+ * not hold is looked up on a worker with the connection suspended in this
+ * first call; libmicrohttpd 0.9.75 then calls it again once resumed, still
+ * before it reads the body or sends 100 Continue (head_resumed).
+ */
+static enum MHD_Result on_head(http_server *h, http_req *r, struct MHD_Connection *conn,
+                               const char *url, const char *method, const char *version)
+{
+	http_answer a = {0};
+	int rc;
+
+	r->phase = REQ_BODY;
+	snprintf(r->method, sizeof(r->method), "%s", method);
+	if (r->refused) {
+		answer_problem(&a, 503, "shutting_down",
+		               "the server is shutting down; retry on another instance");
+		a.close = 1;
+		return send_answer(r, &a);
+	}
+	if (r->target_problem) {
+		answer_problem(&a, r->target_status,
+		               r->target_status == 414 ? "uri_too_long" : "invalid_request",
+		               r->target_problem);
+		a.close = 1;
+		return send_answer(r, &a);
+	}
+	if (head_parse(&r->head, &r->arena, conn, method, url, version, r->raw_uri_len, &a) != 0)
+		return send_answer(r, &a);
+	/* The request's one deadline in the store, from its arrival: a worker
+	 * adopts it for the key lookup, every read and the write it queues. */
+	idem_deadline_begin(h->state->store);
+	r->deadline = idem_deadline_get();
+	idem_deadline_end();
+	if ((rc = route_begin(h->state, r, method, url, &r->match, &a)) == ROUTE_ANSWERED)
+		return send_answer(r, &a);
+	if (rc == ROUTE_AUTH)
+		return req_suspend(h, r, REQ_HEAD_WAIT);
+	return head_rest(r, method);
+}
+
+/* Called again after the key lookup: its 401 or 503, or the rest of the head. */
+static enum MHD_Result head_resumed(http_req *r, const char *method)
+{
+	r->phase = REQ_BODY;
+	track_unpause(track_of(r->conn));
+	if (r->later.status)
+		return send_answer(r, &r->later);
+	return head_rest(r, method);
 }
 
 /*
@@ -594,31 +670,33 @@ static enum MHD_Result body_append(http_req *r, const char *upload, size_t n)
 	return MHD_YES;
 }
 
-/* The body is in: run the route and send its answer (a write's once its writer gave it). */
+/*
+ * The body is in: answer what never waits here (413, /metrics, the replay
+ * shortcut), and hand the rest to a worker; the answer is sent when
+ * libmicrohttpd calls again after the resume (phase REQ_RUN_WAIT).
+ */
 static enum MHD_Result on_body_done(http_server *h, http_req *r, struct MHD_Connection *conn)
 {
 	http_answer a = {0};
 
+	r->phase = REQ_DONE;
 	if (r->too_large) {
 		answer_problem(&a, 413, "payload_too_large", "the body is larger than 1 MiB");
 		return send_answer(r, &a);
 	}
-	track_set(h, conn, 0); /* the request is in: no deadline while it is answered */
+	track_set(track_of(conn), 0); /* the request is in: no deadline while it is answered */
 	a.outcome = "-";
-	route_run(h->state, r, &r->match, &a);
-	if (!a.pending)
+	if (route_run_fast(h->state, r, &r->match, &a))
 		return send_answer(r, &a);
-	/* A write: its answer comes from the writer (or came already). */
-	pthread_mutex_lock(&r->lock);
-	while (!r->ready)
-		pthread_cond_wait(&r->cond, &r->lock);
-	pthread_mutex_unlock(&r->lock);
-	return send_answer(r, &r->later);
+	free(a.body); /* a 0 leaves nothing, but be sure */
+	return req_suspend(h, r, REQ_RUN_WAIT);
 }
 
 /*
- * libmicrohttpd's access handler, called on the connection's thread: once
- * with the head, once per piece of body, once more when the body is in.
+ * libmicrohttpd's access handler, on the event thread owning the
+ * connection: once with the head (and once more after a key lookup), once
+ * per piece of body, once more when the body is in (and once more after
+ * the worker or the writer resumed the connection).
  */
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version, const char *upload,
@@ -630,8 +708,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 
 	if (!r) /* no context: out of memory in on_uri */
 		return MHD_NO;
-	if (!r->started)
+	if (r->phase == REQ_NEW)
 		return on_head(h, r, conn, url, method, version);
+	if (r->phase == REQ_HEAD_WAIT)
+		return head_resumed(r, method);
+	if (r->phase == REQ_RUN_WAIT) {
+		r->phase = REQ_DONE;
+		return send_answer(r, &r->later);
+	}
 	if (r->answered) { /* answered early: drop whatever still arrives */
 		*upload_size = 0;
 		return MHD_YES;
@@ -648,6 +732,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 {
 	http_server *h = cls;
 	http_req *r = *con_cls;
+	http_conn *c = conn_of(conn);
 	double secs;
 	int refused;
 	const char *o;
@@ -661,15 +746,16 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 	log_request(r->request_id, r->method, r->match.route ? r->match.route : "-",
 	            r->answered ? r->answer.status : 0,
 	            toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? o : "client-gone", secs * 1000.0);
-	track_set(h, conn, 1);
+	track_set(c ? c->track : NULL, 1);
 	refused = r->refused;
 	free(r->later.body);
 	if (r->body_heap)
 		free(r->body);
 	arena_release(&r->arena);
-	pthread_cond_destroy(&r->cond);
-	pthread_mutex_destroy(&r->lock);
-	free(r);
+	if (HTTP_REUSE_REQ && c && !c->spare)
+		c->spare = r; /* for the next request on this connection */
+	else
+		free(r);
 	*con_cls = NULL;
 	if (!refused)
 		atomic_fetch_sub(&h->active, 1);
@@ -729,9 +815,10 @@ int http_start(http_server **out, server_state *s, char *err, size_t errlen)
 {
 	struct sockaddr_storage ss = {0};
 	http_server *h;
-	/* poll, not epoll: thread-per-connection allows no other. */
-	unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
-	                 MHD_USE_POLL | MHD_USE_ITC | MHD_USE_ERROR_LOG;
+	/* epoll on Linux; ITC so that a resume wakes the connection's thread. */
+	unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG |
+	                 MHD_ALLOW_SUSPEND_RESUME;
+	const char *hook;
 
 	*out = NULL;
 	if (parse_listen(s->cfg->listen, &ss, err, errlen) < 0)
@@ -743,12 +830,24 @@ int http_start(http_server **out, server_state *s, char *err, size_t errlen)
 		return -1;
 	}
 	h->state = s;
-	pthread_mutex_init(&h->conns_lock, NULL);
-	pthread_cond_init(&h->wake, NULL);
+	worker_delay_ms =
+	    (hook = getenv("IDEMD_TEST_WORKER_DELAY_MS")) ? strtol(hook, NULL, 10) : 0;
+	resume_delay_us =
+	    (hook = getenv("IDEMD_TEST_RESUME_DELAY_US")) ? strtol(hook, NULL, 10) : 0;
+	/* As many workers as connections: each has at most one item in flight. */
+	if (workers_start(&h->workers, s->cfg->max_connections, HTTP_STACK_SIZE, WORKER_IDLE_MS) <
+	        0 ||
+	    watchdog_start(&h->watchdog, s->cfg->request_timeout_s) < 0) {
+		snprintf(err, errlen, "out of memory");
+		workers_stop(h->workers);
+		free(h);
+		return -1;
+	}
 	h->daemon = MHD_start_daemon(
 	    flags, 0, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
-	    MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_THREAD_STACK_SIZE,
-	    (size_t)HTTP_STACK_SIZE, MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg->max_connections,
+	    MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_THREAD_POOL_SIZE,
+	    (unsigned)s->cfg->threads, MHD_OPTION_THREAD_STACK_SIZE, (size_t)HTTP_STACK_SIZE,
+	    MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg->max_connections,
 	    MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->cfg->conn_timeout_s,
 	    MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024, MHD_OPTION_LISTEN_BACKLOG_SIZE,
 	    1024u, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_URI_LOG_CALLBACK,
@@ -758,13 +857,11 @@ int http_start(http_server **out, server_state *s, char *err, size_t errlen)
 	if (!h->daemon) {
 		snprintf(err, errlen, "cannot listen on %s (address in use or not permitted?)",
 		         s->cfg->listen);
+		workers_stop(h->workers);
+		watchdog_stop(h->watchdog);
 		free(h);
 		return -1;
 	}
-	if (pthread_create(&h->watchdog, NULL, watchdog_main, h) == 0)
-		h->watchdog_started = 1;
-	else
-		log_msg("warn", "http: no request deadline (cannot start the watchdog thread)");
 	*out = h;
 	return 0;
 }
@@ -787,23 +884,26 @@ int http_stop(http_server *h, int grace_ms)
 	 * Requests in flight finish and are answered; one begun from now on is
 	 * answered 503 with Connection: close (the listen socket stays open
 	 * until MHD_stop_daemon). Not MHD_quiesce_daemon: with the epoll
-	 * thread pool idemd used before, it removed the listen socket from
-	 * each worker's epoll set from this thread while a worker at its
-	 * connection limit could remove it too, and the loser's EPOLL_CTL_DEL
-	 * failed with ENOENT, which 0.9.75 turns into MHD_PANIC ("Failed to
-	 * remove listen FD from epoll set"); and a keep-alive request suspended
-	 * just after the count was read made MHD_stop_daemon panic ("called
-	 * while we have suspended connections"). tests/http/test_shutdown_load.py.
+	 * thread pool it removes the listen socket from each event thread's
+	 * epoll set from this thread while an event thread at its connection
+	 * limit may remove it too, and the loser's EPOLL_CTL_DEL fails with
+	 * ENOENT, which 0.9.75 turns into MHD_PANIC ("Failed to remove listen
+	 * FD from epoll set"). And the count, not a quiesce, is what rules out
+	 * "MHD_stop_daemon() called while we have suspended connections"
+	 * (above http_req). tests/http/test_shutdown_load.py.
 	 */
 	atomic_store(&h->draining, 1);
 	for (int waited = 0; atomic_load(&h->active) > 0 && waited < grace_ms; waited += 10)
-		nanosleep(&(struct timespec){0, 10000000}, NULL);
-	/* A request still waiting for its writer or channel thread: its
-	 * connection thread cannot be joined, so MHD_stop_daemon is not called. */
+		sleep_us(10000);
+	/* A request still waiting for its worker, writer or channel thread is
+	 * suspended: the daemon must not be stopped under it. */
 	if ((left = atomic_load(&h->active)) > 0)
 		return left;
+	while (atomic_load(&h->resuming) > 0) /* the end of a MHD_resume_connection */
+		sleep_us(1000);
 	MHD_stop_daemon(h->daemon);
-	watchdog_stop(h);
+	workers_stop(h->workers);
+	watchdog_stop(h->watchdog);
 	free(h);
 	return 0;
 }

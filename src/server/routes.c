@@ -3,6 +3,11 @@
  * mapping from an HTTP request to one idem_pay call and back. Authentication
  * (bearer key or channel signature) happens here, before any body is read
  * or any claim is made; a request that fails it leaves nothing behind.
+ * What never waits (the route, the bearer key's form and a key the cache
+ * verified, /metrics, a replay of the very bytes of an answered request)
+ * is split from what may wait for the store (route_authenticate,
+ * route_run), so that http.c runs the first on libmicrohttpd's event
+ * threads and hands only the second to a worker thread.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,23 +70,21 @@ static int parse_idem_key(const char *v, size_t vlen, char *out, size_t outsz, s
 typedef void (*pay_write_fn)(idem_pay *, const idem_pay_request *, idem_done_fn, void *);
 
 /*
- * Start the write; its answer arrives through http_write_done, after the
- * group commit's COMMIT, while the connection is suspended and no server
- * thread waits for it.
+ * The write request of r into the request's own buffers (req_write), its
+ * Idempotency-Key parsed; 0 and *out, or -1 with the 400 in a.
  */
-static int do_write(server_state *s, http_req *r, route_match *m, http_answer *a, pay_write_fn fn,
-                    const char *path, const char *caller)
+static int write_request(http_req *r, const char *path, const char *caller, http_answer *a,
+                         idem_pay_request **out)
 {
 	char *key, *path_buf;
 	size_t key_size, path_size, key_len = 0, body_len = 0, hdr_len = 0;
 	const char *hdr = req_header(r, "Idempotency-Key", &hdr_len);
 	idem_pay_request *rq = req_write(r, &key, &key_size, &path_buf, &path_size);
 
-	(void)m;
 	if (req_header_count(r, "Idempotency-Key") > 1) {
 		answer_problem(a, 400, "invalid_idempotency_key",
 		               "send exactly one Idempotency-Key header");
-		return 0;
+		return -1;
 	}
 	memset(rq, 0, sizeof(*rq));
 	rq->key_invalid = hdr && parse_idem_key(hdr, hdr_len, key, key_size, &key_len) < 0;
@@ -93,9 +96,55 @@ static int do_write(server_state *s, http_req *r, route_match *m, http_answer *a
 	rq->path = path_buf;
 	rq->body = req_body(r, &body_len);
 	rq->body_len = body_len;
+	*out = rq;
+	return 0;
+}
+
+/*
+ * Start the write; its answer arrives through http_write_done, after the
+ * group commit's COMMIT (or at once for what needs no commit), while the
+ * connection is suspended and no thread waits for it. From the call of fn
+ * on, r may be answered and freed at any moment: nothing here reads it.
+ */
+static int do_write(server_state *s, http_req *r, route_match *m, http_answer *a, pay_write_fn fn,
+                    const char *path, const char *caller)
+{
+	idem_pay_request *rq = NULL;
+
+	(void)m;
+	if (write_request(r, path, caller, a, &rq) < 0)
+		return 0;
 	a->pending = 1;
 	fn(s->pay, rq, http_write_done, r);
 	return 0;
+}
+
+/*
+ * The replay shortcut without waiting (idem_pay_try_replay): 1 when a has
+ * the answer (the replay, or the 400 of a bad header), 0 to run the write.
+ */
+static int fast_write(server_state *s, http_req *r, route_match *m, http_answer *a,
+                      const char *path)
+{
+	idem_pay_request *rq = NULL;
+	idem_result res = {0};
+
+	if (write_request(r, path, m->merchant, a, &rq) < 0)
+		return 1;
+	if (!idem_pay_try_replay(&res, s->pay, rq))
+		return 0;
+	answer_result(a, 0, &res);
+	return 1;
+}
+
+static int f_create_payment(server_state *s, http_req *r, route_match *m, http_answer *a)
+{
+	return fast_write(s, r, m, a, "/v1/payments");
+}
+
+static int f_refund(server_state *s, http_req *r, route_match *m, http_answer *a)
+{
+	return fast_write(s, r, m, a, "/v1/refunds");
 }
 
 static int h_create_payment(server_state *s, http_req *r, route_match *m, http_answer *a)
@@ -239,6 +288,13 @@ static int h_metrics(server_state *s, http_req *r, route_match *m, http_answer *
 	return 0;
 }
 
+/* Counters in memory only: always answered where it is asked. */
+static int f_metrics(server_state *s, http_req *r, route_match *m, http_answer *a)
+{
+	h_metrics(s, r, m, a);
+	return 1;
+}
+
 /* ---- the table ---- */
 
 typedef enum { AUTH_NONE, AUTH_BEARER, AUTH_SIGNATURE } auth_kind;
@@ -248,21 +304,22 @@ typedef struct {
 	const char *pattern; /* literal segments; "*" one parameter; "**" the rest */
 	const char *name;    /* the template, as logged */
 	auth_kind auth;
-	int (*handler)(server_state *, http_req *, route_match *, http_answer *);
+	route_handler handler; /* may wait for the store: run on a worker thread */
+	route_handler fast;    /* never waits: 1 when it answered, 0 to run handler; or NULL */
 } route;
 
 static const route routes[] = {
-    {"POST", "/v1/payments", "/v1/payments", AUTH_BEARER, h_create_payment},
-    {"GET", "/v1/payments", "/v1/payments", AUTH_BEARER, h_find_payment},
-    {"GET", "/v1/payments/*", "/v1/payments/{id}", AUTH_BEARER, h_get_payment},
-    {"POST", "/v1/refunds", "/v1/refunds", AUTH_BEARER, h_refund},
-    {"POST", "/v1/transfers", "/v1/transfers", AUTH_BEARER, h_transfer},
-    {"GET", "/v1/balance", "/v1/balance", AUTH_BEARER, h_balance},
-    {"POST", "/v1/notifications/*", "/v1/notifications/{channel}", AUTH_SIGNATURE, h_notify},
+    {"POST", "/v1/payments", "/v1/payments", AUTH_BEARER, h_create_payment, f_create_payment},
+    {"GET", "/v1/payments", "/v1/payments", AUTH_BEARER, h_find_payment, NULL},
+    {"GET", "/v1/payments/*", "/v1/payments/{id}", AUTH_BEARER, h_get_payment, NULL},
+    {"POST", "/v1/refunds", "/v1/refunds", AUTH_BEARER, h_refund, f_refund},
+    {"POST", "/v1/transfers", "/v1/transfers", AUTH_BEARER, h_transfer, NULL},
+    {"GET", "/v1/balance", "/v1/balance", AUTH_BEARER, h_balance, NULL},
+    {"POST", "/v1/notifications/*", "/v1/notifications/{channel}", AUTH_SIGNATURE, h_notify, NULL},
     {"GET", "/v1/idempotency-records/*/**", "/v1/idempotency-records/{type}/{key}", AUTH_BEARER,
-     h_record},
-    {"GET", "/healthz", "/healthz", AUTH_NONE, h_healthz},
-    {"GET", "/metrics", "/metrics", AUTH_NONE, h_metrics},
+     h_record, NULL},
+    {"GET", "/healthz", "/healthz", AUTH_NONE, h_healthz, NULL},
+    {"GET", "/metrics", "/metrics", AUTH_NONE, h_metrics, f_metrics},
 };
 
 #define NROUTES (sizeof(routes) / sizeof(routes[0]))
@@ -325,17 +382,9 @@ static const char *bearer_key(http_req *r, size_t *len, http_answer *a)
 	return auth;
 }
 
-/* The merchant of the bearer key into m->merchant; -1: a has the answer. */
-static int authenticate(server_state *s, http_req *r, route_match *m, http_answer *a)
+/* What a key lookup's rc answers: 0 for a merchant, else -1 with the 401 or 503 in a. */
+static int auth_answer(int rc, http_answer *a)
 {
-	size_t len = 0;
-	const char *key = bearer_key(r, &len, a);
-	int rc;
-
-	if (!key)
-		return -1;
-	/* every byte counts: a NUL and what follows it are part of the key */
-	rc = idem_pay_authenticate(s->pay, key, len, m->merchant);
 	if (rc == IDEM_ENOTFOUND) {
 		answer_problem(a, 401, "unauthorized", "the API key is not valid");
 		a->www_auth = WWW_AUTH_BEARER;
@@ -348,6 +397,34 @@ static int authenticate(server_state *s, http_req *r, route_match *m, http_answe
 		return -1;
 	}
 	return 0;
+}
+
+int route_authenticate(server_state *s, http_req *r, route_match *m, http_answer *a)
+{
+	size_t len = 0;
+	const char *key = bearer_key(r, &len, a);
+
+	if (!key)
+		return -1;
+	/* every byte counts: a NUL and what follows it are part of the key */
+	return auth_answer(idem_pay_authenticate(s->pay, key, len, m->merchant), a);
+}
+
+/* route_authenticate from the cache alone: ROUTE_AUTH when it cannot say. */
+static int authenticate_cached(server_state *s, http_req *r, route_match *m, http_answer *a)
+{
+	size_t len = 0;
+	const char *key = bearer_key(r, &len, a);
+	int rc;
+
+	if (!key)
+		return ROUTE_ANSWERED;
+	rc = idem_pay_authenticate_cached(s->pay, key, len, m->merchant);
+	if (rc == 1)
+		return ROUTE_READY;
+	if (rc == 0)
+		return ROUTE_AUTH;
+	return auth_answer(rc, a) < 0 ? ROUTE_ANSWERED : ROUTE_READY;
 }
 
 /* The route for method and path into m; -1: a has the 404 or 405. */
@@ -380,33 +457,46 @@ static const route *find_route(const char *method, const char *path, route_match
 	return NULL;
 }
 
-int route_prepare(server_state *s, http_req *r, const char *method, const char *path,
-                  route_match *m, http_answer *a)
+int route_begin(server_state *s, http_req *r, const char *method, const char *path, route_match *m,
+                http_answer *a)
 {
 	const route *found;
-	int rc = 0;
 
 	memset(m, 0, sizeof(*m));
 	a->outcome = "-";
+	if (!(found = find_route(method, path, m, a)))
+		return ROUTE_ANSWERED;
+	m->handler = found->handler;
+	m->fast = found->fast;
+	if (found->auth == AUTH_BEARER)
+		return authenticate_cached(s, r, m, a);
+	if (found->auth == AUTH_SIGNATURE && !req_header(r, "X-Signature", NULL)) {
+		/* The signature itself is checked once the body is in. */
+		answer_problem(a, 401, "invalid_signature", "X-Signature is required");
+		a->www_auth = WWW_AUTH_SIGNATURE;
+		return ROUTE_ANSWERED;
+	}
+	return ROUTE_READY;
+}
+
+int route_prepare(server_state *s, http_req *r, const char *method, const char *path,
+                  route_match *m, http_answer *a)
+{
+	int rc;
+
 	/* The request's one deadline, from its arrival: the key lookup, every
 	 * read and the write it queues all end by it (idem_deadline_begin). */
 	idem_deadline_begin(s->store);
-	if (!(found = find_route(method, path, m, a))) {
-		rc = -1;
-	} else {
-		m->handler = found->handler;
-		if (found->auth == AUTH_BEARER) {
-			rc = authenticate(s, r, m, a);
-		} else if (found->auth == AUTH_SIGNATURE && !req_header(r, "X-Signature", NULL)) {
-			/* The signature itself is checked once the body is in. */
-			answer_problem(a, 401, "invalid_signature", "X-Signature is required");
-			a->www_auth = WWW_AUTH_SIGNATURE;
-			rc = -1;
-		}
-	}
+	if ((rc = route_begin(s, r, method, path, m, a)) == ROUTE_AUTH)
+		rc = route_authenticate(s, r, m, a);
 	if (rc != 0)
 		idem_deadline_end(); /* answered now: the request ends here */
 	return rc;
+}
+
+int route_run_fast(server_state *s, http_req *r, route_match *m, http_answer *a)
+{
+	return m->fast ? m->fast(s, r, m, a) : 0;
 }
 
 void route_run(server_state *s, http_req *r, route_match *m, http_answer *a)

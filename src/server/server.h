@@ -21,7 +21,7 @@ typedef enum { LOG_TEXT, LOG_JSON } log_format;
 typedef struct {
 	char listen[128];
 	char db[1024];
-	int threads; /* --threads: unused since a thread serves each connection */
+	int threads; /* --threads: libmicrohttpd's event threads */
 	int64_t ttl_ms;
 	log_format log_format;
 	int mock_channel_delay_ms;
@@ -81,8 +81,10 @@ typedef struct http_req http_req;
 
 /*
  * The write a handler started with an idem_pay_*_async call; its strings
- * live in the request, which outlives the call. Pass http_write_done and
- * the request as done/done_ctx and set answer->pending.
+ * live in the request, which lives until the answer is given. Set
+ * answer->pending, then pass http_write_done and the request as
+ * done/done_ctx: it resumes the suspended connection with the answer, on
+ * whatever thread has it, after which the request may be gone.
  */
 idem_pay_request *req_write(http_req *r, char **key_buf, size_t *key_size, char **path_buf,
                             size_t *path_size);
@@ -106,13 +108,19 @@ void answer_problem(http_answer *a, int status, const char *code, const char *de
 void answer_result(http_answer *a, int rc, idem_result *res);
 
 /*
- * Routing. route_prepare runs when the headers are in (before the body):
- * it picks the handler and checks the method and the credentials; when it
- * answers, the body is never read. route_run runs with the body.
+ * Routing, split by what may wait. route_begin runs on the event thread
+ * when the headers are in (before the body): it picks the route and checks
+ * the method and, from memory, the credentials; when it answers, the body
+ * is never read. route_authenticate (a key the cache does not hold) and
+ * route_run (the handler, once the body is in) may wait for the store and
+ * run on a worker thread; route_run_fast is what a route answers without
+ * waiting (/metrics, the replay shortcut).
  */
 typedef struct route_match route_match;
+typedef int (*route_handler)(server_state *s, http_req *r, route_match *m, http_answer *a);
 struct route_match {
-	int (*handler)(server_state *s, http_req *r, route_match *m, http_answer *a);
+	route_handler handler;           /* may wait: on a worker */
+	route_handler fast;              /* never waits: 1 answered, 0 not; or NULL */
 	const char *route;               /* the template matched, for the log; NULL: none */
 	char merchant[IDEM_PAY_ID_SIZE]; /* authenticated merchant */
 	char param[320];                 /* path parameter ({id}, {channel}, {type}) */
@@ -120,14 +128,28 @@ struct route_match {
 	size_t param2_len;
 };
 
-/* 0: m is ready to run; else a has the answer. */
+/* route_begin's answers: m is ready; a has the answer; the key needs a lookup. */
+#define ROUTE_READY    0
+#define ROUTE_ANSWERED (-1)
+#define ROUTE_AUTH     1
+int route_begin(server_state *s, http_req *r, const char *method, const char *path, route_match *m,
+                http_answer *a);
+/* The bearer key's merchant into m (may read the store): 0, or -1 with the 401/503 in a. */
+int route_authenticate(server_state *s, http_req *r, route_match *m, http_answer *a);
+/*
+ * route_begin and, when it asks, route_authenticate, on the calling thread
+ * under the request's deadline (tests/fuzz's glue, which runs a request on
+ * one thread): 0 when m is ready to run, else a has the answer.
+ */
 int route_prepare(server_state *s, http_req *r, const char *method, const char *path,
                   route_match *m, http_answer *a);
 
+/* 1 when the route answered a without waiting; 0: run route_run on a worker. */
+int route_run_fast(server_state *s, http_req *r, route_match *m, http_answer *a);
 /*
- * Run the route once the body is in, on the connection's own thread; a
- * says the answer, or a->pending when a write's answer comes later
- * through http_write_done.
+ * Run the route once the body is in, on a worker thread under the
+ * request's deadline (ended here); a says the answer, or a->pending when a
+ * write's answer comes later through http_write_done.
  */
 void route_run(server_state *s, http_req *r, route_match *m, http_answer *a);
 
@@ -181,6 +203,45 @@ int head_parse(req_head *h, req_arena *arena, struct MHD_Connection *conn, const
 /* The first field called name (case-insensitive), *len its raw length, *count how many. */
 const char *head_get(const req_head *h, const char *name, size_t *len, int *count);
 void head_trim(const char **v, size_t *len);
+
+/*
+ * Worker threads (workers.c) for what may wait, so that libmicrohttpd's
+ * event threads never do: an item runs on an idle worker, else on a new
+ * one, up to max at once, each with a stack of stack_size bytes; a worker
+ * idle for idle_ms exits. An item is linked through next while queued and
+ * is the caller's: run gets it back and may free it.
+ */
+typedef struct work_item work_item;
+struct work_item {
+	work_item *next;
+	void (*run)(work_item *item);
+};
+typedef struct workers workers;
+int workers_start(workers **out, int max, size_t stack_size, int idle_ms);
+/* 0: item will run; -1: no worker is running and none could be started. */
+int workers_submit(workers *w, work_item *item);
+/* Join every worker; nothing may be submitted any more. NULL is accepted. */
+void workers_stop(workers *w);
+
+/*
+ * The request deadline (watchdog.c): one conn_track per TCP connection;
+ * a request's head and body must be in within request_timeout_s of the
+ * connection's opening or its previous answer, else its socket is shut
+ * down. track_set(t, 1): the next request's clock starts now (if it is not
+ * running); 0: the request is being answered. track_pause / track_unpause:
+ * the clock stops while a key lookup runs on a worker, and goes on after.
+ * Every track_* call is made on the connection's event thread; t NULL (an
+ * untracked connection) is accepted.
+ */
+typedef struct watchdog watchdog;
+typedef struct conn_track conn_track;
+int watchdog_start(watchdog **out, int request_timeout_s);
+void watchdog_stop(watchdog *w);
+conn_track *watchdog_add(watchdog *w, int fd); /* NULL when out of memory */
+void watchdog_remove(watchdog *w, conn_track *t);
+void track_set(conn_track *t, int reading);
+void track_pause(conn_track *t);
+void track_unpause(conn_track *t);
 
 /* Start and stop the HTTP daemon. */
 typedef struct http_server http_server;

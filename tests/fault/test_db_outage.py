@@ -29,8 +29,12 @@ Proved:
   connection and a 500 ms bound of its own), and GET /metrics (no store)
   answers within 1.5 s at any time, although SLOW_READERS clients (more
   than idemd's HTTP threads) keep GETs in flight that each wait out their
-  deadline on the frozen store: those run on idemd's request pool, never
-  on the libmicrohttpd thread that serves /healthz; the times are printed;
+  deadline on the frozen store: those run on worker threads of their own,
+  never on the libmicrohttpd event thread that serves /healthz; and, while
+  frozen, a retry with the very bytes of a payment answered just before the
+  freeze is replayed within 1.5 s on an event thread (its key is still in
+  the auth cache, its answer in the front cache: no store at all), as long
+  as the key's cache entry lasts (AUTH_FRESH); the times are printed;
 - the same idemd process (never restarted) serves again: /healthz turns 200
   and every request sent after that is acknowledged at the first attempt;
 - nothing acknowledged is missing: every 2xx payment is there (GET and SQL),
@@ -70,6 +74,10 @@ HEALTHZ_BOUND = 1.5        # /healthz while the database is frozen
 DOWN_SECONDS = float(os.environ.get("IDEM_FAULT_DOWN_SECONDS") or
                      {"stop": 6.0, "sigstop": REQUEST_TIMEOUT + 5.0}[MODE])
 AFTER_HEALTHY = 3.0        # load kept on after idemd is healthy again
+# A verified API key is remembered for 10 s (src/pay/authcache.c): replays
+# sent up to this long after the key's first use need no store at all.
+AUTH_FRESH = 8.0
+REPLAYS_MIN = 5            # fast replays that must be seen while frozen
 CLIENT_TIMEOUT = 60.0      # one request; idemd bounds its own waits well below
 RETRY_PAUSE = 0.2
 GRACE = 2.0                # an answer to a request committed just before the outage
@@ -127,6 +135,7 @@ class DbOutage(unittest.TestCase):
         self.lock = threading.Lock()
         self.attempts = []      # every POST attempt
         self.probes = []        # (what, t_send, t_recv, resp or None, error)
+        self.replays = []       # the same, for the replay prober
         self.reqs = []
         self.stop_load = threading.Event()
         self.stop_probe = threading.Event()
@@ -227,6 +236,52 @@ class DbOutage(unittest.TestCase):
             if r is None or r.status not in (404, 503):
                 time.sleep(0.05)
 
+    def replayer(self, m, key, body):
+        """The very bytes of an answered payment, again and again: each a
+        replay from the front cache, on an event thread."""
+        while not self.stop_probe.is_set():
+            t = self.now()
+            try:
+                r, e = m.post("/v1/payments", body, key=key), None
+            except OSError as ex:
+                r, e = None, repr(ex)
+            with self.lock:
+                self.replays.append(("replay", t, self.now(), r, e))
+            time.sleep(0.1)
+
+    def start_replayer(self, m, ch):
+        """Right before the freeze: m's first request (its key verified now,
+        so cached until at least AUTH_FRESH from here), then the prober."""
+        key, body = uid("RK"), harness.dumps(m.payment_body(100, "CNY", ch.name))
+        t_auth = self.now()
+        first = m.post("/v1/payments", body, key=key)
+        self.assertEqual(first.status, 201, first)
+        t = threading.Thread(target=self.replayer, args=(m, key, body), daemon=True)
+        t.start()
+        return t, t_auth, first
+
+    def check_replays(self, t_down, t_up_begin, t_auth, first):
+        """While frozen and the key cached: every replay within 1.5 s."""
+        bad, fast = [], []
+        for what, ts, tr, r, e in self.replays:
+            if r is None:
+                bad.append("replay got no answer: %s" % e)
+            elif r.status == 201:
+                if r.header("Idempotent-Replayed") != "true" or r.body != first.body:
+                    bad.append("not the first answer replayed: %r" % r)
+            elif r.status != 503 or r.json().get("code") != "store_unavailable":
+                bad.append("replay answered %r" % r)
+            if ts >= t_down and tr <= t_up_begin and ts <= t_auth + AUTH_FRESH:
+                fast.append(tr - ts)
+                if r is not None and r.status != 201:
+                    bad.append("a cached replay needed the store while frozen: %r" % r)
+                if tr - ts > HEALTHZ_BOUND:
+                    bad.append("replay %.2fs at the client while frozen (sent %.2f)"
+                               % (tr - ts, ts))
+        self.assertEqual(bad, [], "\n".join(bad[:20]))
+        self.assertGreaterEqual(len(fast), REPLAYS_MIN, "too few replays while frozen")
+        return fast
+
     def acked_count(self):
         with self.lock:
             return sum(1 for a in self.attempts if a.resp is not None and
@@ -260,6 +315,9 @@ class DbOutage(unittest.TestCase):
             time.sleep(0.05)
         self.assertGreaterEqual(self.acked_count(), WARMUP_ACKS, "too little load before")
 
+        if MODE == "sigstop":
+            replayer, t_auth, first = self.start_replayer(srv.new_merchant(), ch)
+            probes.append(replayer)
         t_down_begin = self.now()
         if MODE == "stop":
             self.dbs.crash()
@@ -408,6 +466,10 @@ class DbOutage(unittest.TestCase):
                      for what, ts, tr, r, e in health_down if tr - ts > HEALTHZ_BOUND]
             reads_down = [p for p in probes_down if p[0] == "read" and p[3].status == 503]
             self.assertGreater(len(reads_down), 0, "no slow read answered while frozen")
+            fast = self.check_replays(t_down, t_up_begin, t_auth, first)
+            sys.stderr.write("%s %s: replays while frozen, key cached: %d, max %.3fs, mean "
+                             "%.3fs\n" % (BACKEND, MODE, len(fast), max(fast),
+                                          sum(fast) / len(fast)))
         self.assertEqual(slow, [], "answers slower than the bounds (deadline %.0fs + %.0fs, "
                          "/healthz and /metrics %.1fs):\n%s\n%s"
                          % (REQUEST_TIMEOUT, DEADLINE_SLACK, HEALTHZ_BOUND,

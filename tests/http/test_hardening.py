@@ -257,15 +257,15 @@ class Deadline(harness.TestCase):
 
 class ResumeRace(harness.TestCase):
     """Issue 16: a client gone while its write waits for the writer must not
-    make anything free r under the writer. Since idemd runs a thread per
-    connection (issue 13) no connection is suspended: the connection's thread
-    waits on r->cond, http_write_done signals it under r->lock, and r is freed
-    only after on_request returned. IDEMD_TEST_RESUME_DELAY_US (the hook that
-    held the writer between MHD_resume_connection and its unlock) is gone; the
-    clients still reset right after sending. Run it on a ThreadSanitizer build
-    (cmake -B build-tsan -DCMAKE_C_FLAGS=-fsanitize=thread
-    -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread) to see a free inside the
-    window."""
+    make anything free r under the writer. The writer resumes the suspended
+    connection after the COMMIT (http_write_done -> req_resume) and touches
+    r no more; libmicrohttpd may then answer, see the reset and free r on its
+    event thread at once. IDEMD_TEST_RESUME_DELAY_US holds the writer 100 ms
+    just after MHD_resume_connection, inside that window, while the clients
+    reset right after sending. Run it on a ThreadSanitizer build (cmake -B
+    build-tsan -DCMAKE_C_FLAGS=-fsanitize=thread
+    -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread) or the ASan build to see a
+    touch of r inside the window."""
 
     @classmethod
     def setUpClass(cls):

@@ -4,9 +4,9 @@ and nothing acknowledged is lost.
     python3 tests/http/test_shutdown_load.py        (IDEM_SHUTDOWN_ROUNDS, default 32)
 
 Each round starts idemd on the same SQLite database with a low connection
-limit (with the epoll thread pool idemd had, its workers then kept taking
-their listen socket out of and back into their epoll sets), puts clients on it,
-half of them on keep-alive connections (a new request may arrive on one
+limit (libmicrohttpd's epoll event threads then keep taking their listen
+socket out of and back into their epoll sets) and two event threads (so
+requests meet suspended ones on the same thread), puts clients on it, half of them on keep-alive connections (a new request may arrive on one
 while the stop begins), half on a new connection per request, mixing
 keyed payments, their notifications and GETs, and sends SIGTERM after a
 random 0.15-0.6 s. Proved per round: idemd exits 0 within the harness's
