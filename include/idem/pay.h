@@ -69,20 +69,20 @@ IDEM_EXTERN int idem_pay_open_shards(idem_pay **out, idem_store *const *stores, 
 /* The shard a merchant created now among nshards goes to: SHA-256 of its id,
  * the first 8 bytes big-endian, modulo nshards. */
 IDEM_EXTERN int idem_pay_shard_of(const char *merchant_id, int nshards);
-/* Number of shards (1 for a handle on one store). */
+/* Number of shards (1 for a handle on one store); IDEM_EINVAL for NULL. */
 IDEM_EXTERN int idem_pay_shard_count(const idem_pay *pay);
 /* The shard merchant lives on (from the directory); IDEM_ENOTFOUND when it
  * has none. Always 0 for a handle on one store. */
 IDEM_EXTERN int idem_pay_merchant_shard(idem_pay *pay, const char *merchant_id, int *shard);
-/* Shard i's own handle (borrowed; NULL when out of range). */
+/* Shard i's own handle (borrowed; NULL when out of range or pay is NULL). */
 IDEM_EXTERN idem_pay *idem_pay_shard(idem_pay *pay, int i);
 
 /*
  * Transfers between shards (a saga: debit with the request, then the
  * payee's credit under a claim of its own, then the outbox row settles; a
  * credit that cannot be made is reversed to the payer). One pass over every
- * shard's pending rows: *settled counts rows that settled. 0 and nothing
- * done for a handle on one store.
+ * shard's pending rows: *settled counts rows that settled (settled may be
+ * NULL). 0 and nothing done for a handle on one store.
  */
 IDEM_EXTERN int idem_pay_transfers_drive(idem_pay *pay, int *settled);
 /*
@@ -158,13 +158,14 @@ IDEM_EXTERN int idem_pay_set_secret_key(idem_pay *pay, const unsigned char key[3
  */
 IDEM_EXTERN int idem_pay_secret_key_read(const char *path, unsigned char key[32]);
 
-/* Number of merchants (for a first-run check). */
+/* Number of merchants (for a first-run check). NULL pay or out: IDEM_EINVAL. */
 IDEM_EXTERN int idem_pay_merchant_count(idem_pay *pay, int64_t *out);
 
 /*
  * Find the merchant an API key belongs to; the digest is compared in
  * constant time. Returns 0 with id_out set; IDEM_ENOTFOUND when the key is
- * unknown or malformed; a store error otherwise.
+ * unknown or malformed (a NULL api_key too); IDEM_EINVAL for a NULL pay or
+ * id_out; a store error otherwise.
  */
 IDEM_EXTERN int idem_pay_authenticate(idem_pay *pay, const char *api_key, size_t len,
                                       char id_out[IDEM_PAY_ID_SIZE]);
@@ -179,8 +180,9 @@ IDEM_EXTERN int idem_pay_authenticate(idem_pay *pay, const char *api_key, size_t
  *   id_out   the merchant on a hit; "" otherwise
  * Returns 1 with id_out set when the key is a verified one; 0 when memory
  * cannot say (not cached, expired, no cache): call idem_pay_authenticate,
- * which may read the store; IDEM_ENOTFOUND when the key is malformed, which
- * no lookup would find either.
+ * which may read the store; IDEM_ENOTFOUND when the key is malformed (or
+ * NULL), which no lookup would find either; IDEM_EINVAL for a NULL pay or
+ * id_out.
  */
 IDEM_EXTERN int idem_pay_authenticate_cached(idem_pay *pay, const char *api_key, size_t len,
                                              char id_out[IDEM_PAY_ID_SIZE]);
@@ -188,7 +190,9 @@ IDEM_EXTERN int idem_pay_authenticate_cached(idem_pay *pay, const char *api_key,
 /*
  * Check X-Signature (hex HMAC-SHA256 of body with the channel's secret),
  * in constant time. 0 when valid; IDEM_ENOTFOUND when the channel is
- * unknown or the signature wrong; a store error otherwise.
+ * unknown or the signature wrong (a NULL channel or sig is a wrong
+ * signature); IDEM_EINVAL for a NULL pay, or a NULL body with len > 0; a
+ * store error otherwise.
  */
 IDEM_EXTERN int idem_pay_verify_signature(idem_pay *pay, const char *channel, const char *sig,
                                           size_t sig_len, const void *body, size_t len);
@@ -224,6 +228,8 @@ IDEM_EXTERN int idem_pay_transfer(idem_result *out, idem_pay *pay, const idem_pa
  * possibly before the call returns (validation errors, duplicates answered
  * from the cache or a read), otherwise on a group-commit writer thread after
  * the COMMIT returned. rq's strings must stay valid until done was called.
+ * A NULL pay or rq: done(done_ctx, IDEM_EINVAL, an empty result), once; a
+ * NULL done: nothing runs.
  */
 IDEM_EXTERN void idem_pay_create_payment_async(idem_pay *pay, const idem_pay_request *rq,
                                                idem_done_fn done, void *done_ctx);
@@ -248,6 +254,7 @@ IDEM_EXTERN void idem_pay_transfer_async(idem_pay *pay, const idem_pay_request *
  * Returns 1 when answered; 0 when not (no hit, other bytes, another
  * route, no key, out of memory): nothing was done, and the request is to
  * be made with the matching idem_pay_*_async call, whose answer it gives.
+ * IDEM_EINVAL for a NULL out, pay or rq.
  */
 IDEM_EXTERN int idem_pay_try_replay(idem_result *out, idem_pay *pay, const idem_pay_request *rq);
 

@@ -120,6 +120,9 @@ int idem_pay_merchant_add(idem_pay *pay, const char *name, char id_out[IDEM_PAY_
 	idem_pay *home = pay;
 	int rc, shard = 0;
 
+	IDEM__ASSERT_ARG(pay);
+	IDEM__ASSERT_ARG(id_out);
+	IDEM__ASSERT_ARG(key_out);
 	id_out[0] = key_out[0] = '\0';
 	if (!valid_name(name))
 		return idem__error(IDEM_EINVAL,
@@ -161,7 +164,9 @@ int idem_pay_merchant_add(idem_pay *pay, const char *name, char id_out[IDEM_PAY_
 
 int idem_pay_merchant_count(idem_pay *pay, int64_t *out)
 {
+	IDEM__ASSERT_ARG(out);
 	*out = 0;
+	IDEM__ASSERT_ARG(pay);
 	for (int i = 0; i < pay->nshards; i++) {
 		int64_t n = 0;
 		int rc = idem_pay_merchant_count(pay->shards[i], &n);
@@ -218,7 +223,9 @@ int idem_pay_authenticate_cached(idem_pay *pay, const char *api_key, size_t len,
 	char digest[65];
 	int rc, shard;
 
+	IDEM__ASSERT_ARG(id_out);
 	id_out[0] = '\0';
+	IDEM__ASSERT_ARG(pay);
 	if ((rc = key_form(api_key, len)) < 0)
 		return rc;
 	if (pay->nshards) {
@@ -243,7 +250,9 @@ int idem_pay_authenticate(idem_pay *pay, const char *api_key, size_t len,
 	idem_value p[1];
 	int rc, shard;
 
+	IDEM__ASSERT_ARG(id_out);
 	id_out[0] = '\0';
+	IDEM__ASSERT_ARG(pay);
 	if ((rc = key_form(api_key, len)) < 0)
 		return rc;
 	if (pay->nshards) {

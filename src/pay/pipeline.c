@@ -111,10 +111,11 @@ int idem_pay_try_replay(idem_result *out, idem_pay *pay, const idem_pay_request 
 {
 	const char *type = NULL;
 
-	if (!out)
-		return 0;
+	IDEM__ASSERT_ARG(out);
 	memset(out, 0, sizeof(*out));
-	if (!pay || !rq || pay->nshards)
+	IDEM__ASSERT_ARG(pay);
+	IDEM__ASSERT_ARG(rq);
+	if (pay->nshards)
 		return 0;
 	return raw_lookup(out, pay, rq, &type);
 }

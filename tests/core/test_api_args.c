@@ -446,8 +446,34 @@ static void pay_handle_calls(void **state)
 	FAILS(idem_pay_open_shards(&p, NULL, 1, NULL), "stores");
 	assert_null(p);
 	idem_pay_close(NULL); /* accepted */
-	/* idem_pay_merchant_add, idem_pay_merchant_count, idem_pay_authenticate:
-	 * (merchants.c, pipeline.c: next commit). */
+	{
+		char id[IDEM_PAY_ID_SIZE], key[IDEM_PAY_SECRET_SIZE];
+		int64_t count = 0;
+
+		FAILS(idem_pay_merchant_add(NULL, "shop", id, key), "pay");
+		FAILS(idem_pay_merchant_add(f->pay, "shop", NULL, key), "id_out");
+		FAILS(idem_pay_merchant_add(f->pay, "shop", id, NULL), "key_out");
+		FAILS(idem_pay_merchant_count(NULL, &count), "pay");
+		FAILS(idem_pay_merchant_count(f->pay, NULL), "out");
+		FAILS(idem_pay_authenticate(NULL, "sk_x", 4, id), "pay");
+		FAILS(idem_pay_authenticate(f->pay, "sk_x", 4, NULL), "id_out");
+		FAILS(idem_pay_authenticate_cached(NULL, "sk_x", 4, id), "pay");
+		FAILS(idem_pay_authenticate_cached(f->pay, "sk_x", 4, NULL), "id_out");
+		/* A NULL key is a malformed one, as the header says: no lookup finds it. */
+		assert_int_equal(idem_pay_authenticate(f->pay, NULL, 0, id), IDEM_ENOTFOUND);
+		assert_int_equal(idem_pay_authenticate_cached(f->pay, NULL, 0, id), IDEM_ENOTFOUND);
+	}
+	{
+		idem_pay_request rq = {"m_x", "k1", 2, 0, "POST", "/v1/payments", "{}", 2};
+		idem_result res = {0};
+
+		FAILS(idem_pay_try_replay(NULL, f->pay, &rq), "out");
+		FAILS(idem_pay_try_replay(&res, NULL, &rq), "pay");
+		FAILS(idem_pay_try_replay(&res, f->pay, NULL), "rq");
+		assert_int_equal(idem_pay_try_replay(&res, f->pay, &rq),
+		                 0); /* no hit: not answered */
+		idem_result_clear(&res);
+	}
 	FAILS(idem_pay_shard_of(NULL, 2), "merchant_id");
 	FAILS(idem_pay_shard_count(NULL), "pay");
 	FAILS(idem_pay_merchant_shard(NULL, "m", &shard), "pay");
