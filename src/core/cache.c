@@ -28,9 +28,9 @@ typedef struct entry {
 	int http_status;
 	char fp[IDEM_FINGERPRINT_LEN + 1];
 	size_t key_len, body_len, raw_len;
-	unsigned char *body;
-	unsigned char *raw; /* a request's raw bytes that gave fp; NULL: none noted */
-	char key[];         /* scope \0 type \0 key */
+	unsigned char *body; /* in the same block, after key */
+	unsigned char *raw;  /* a request's raw bytes that gave fp; NULL: none noted */
+	char key[];          /* scope \0 type \0 key */
 } entry;
 
 typedef struct {
@@ -121,7 +121,6 @@ void idem__cache_free(idem__cache *c)
 		for (entry *e = s->head, *n; e; e = n) {
 			n = e->next;
 			free(e->raw);
-			free(e->body);
 			free(e);
 		}
 		free(s->table);
@@ -131,9 +130,10 @@ void idem__cache_free(idem__cache *c)
 	free(c);
 }
 
+/* An entry is one block: the struct, its key and its body after the key. */
 static size_t cost_of(size_t key_len, size_t body_len)
 {
-	return MALLOC_COST(sizeof(entry) + key_len) + MALLOC_COST(body_len ? body_len : 1);
+	return MALLOC_COST(sizeof(entry) + key_len + (body_len ? body_len : 1));
 }
 
 static size_t cost(const entry *e)
@@ -178,7 +178,6 @@ static void drop(shard *s, entry *e)
 	s->bytes -= cost(e);
 	s->entries--;
 	free(e->raw);
-	free(e->body);
 	free(e);
 }
 
@@ -327,12 +326,11 @@ void idem__cache_put(idem__cache *c, const idem__key *k, const char *fp, int htt
 	/* One body must not push a quarter of a shard out. */
 	if (cost_of(n, len) > c->max_bytes / 4)
 		return;
-	if (!(e = malloc(sizeof(*e) + n)))
+	/* One block, not three: fewer, larger chunks fragment the heap less
+	 * under eviction churn (docs/benchmarks.md, the memory row). */
+	if (!(e = malloc(sizeof(*e) + n + (len ? len : 1))))
 		return;
-	if (!(e->body = malloc(len ? len : 1))) {
-		free(e);
-		return;
-	}
+	e->body = (unsigned char *)e->key + n;
 	memcpy(e->key, flat, n);
 	if (len)
 		memcpy(e->body, body, len);
