@@ -3,7 +3,7 @@
  * ops table of another version is refused before any of it is called, and
  * the capability bits (not the backend's name) decide how many group-commit
  * writers run; a unit losing fast conflicts is retried past max_retries
- * while it is young, one whose attempts each wait stops at the budget.
+ * while its time lasts, one whose attempts each wait stops at the budget.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -166,7 +166,7 @@ static void fast_conflicts_retry_past_the_budget(void **state)
 	idem_store_opts opts = IDEM_STORE_OPTS_INIT;
 	idem_store *store = NULL;
 	struct loser fast = {.lose = 10}, forever = {.lose = 1000},
-	             slow = {.lose = 1000, .wait_ms = 400};
+	             slow = {.lose = 1000, .wait_ms = 400}, loaded = {.lose = 12, .wait_ms = 100};
 
 	(void)state;
 	opts.max_retries = 3;
@@ -175,9 +175,13 @@ static void fast_conflicts_retry_past_the_budget(void **state)
 	assert_int_equal(fast.calls, 11);
 	assert_int_equal(idem_store_transact(store, losing, &forever), IDEM_ERETRY);
 	assert_true(forever.calls > 4 && forever.calls <= 33);
-	/* Attempts of 400 ms: the fourth ends past the 1 s window. */
+	/* Attempts of 400 ms each wait: they stop at the budget (1 + 3). */
 	assert_int_equal(idem_store_transact(store, losing, &slow), IDEM_ERETRY);
 	assert_int_equal(slow.calls, 4);
+	/* Fast losses that each take 100 ms (a loaded machine) still converge,
+	 * past 1 s in all: 12 losses, then the win. */
+	assert_int_equal(idem_store_transact(store, losing, &loaded), 0);
+	assert_int_equal(loaded.calls, 13);
 	idem_store_close(store);
 }
 
