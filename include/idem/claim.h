@@ -136,6 +136,24 @@ typedef void (*idem_done_fn)(void *ctx, int rc, idem_result *res);
 IDEM_EXTERN void idem_execute_async(idem_store *store, const idem_request *req, idem_work_fn work,
                                     void *ctx, idem_done_fn done, void *done_ctx);
 
+/*
+ * idem_execute_async for a thread that must never wait (an event loop's):
+ * the answer of the front cache, or the unit queued for its writer without
+ * the read before the write (its claim's INSERT decides, as always: a read
+ * that finds nothing decides nothing, DESIGN.md §3). Returns
+ * IDEM_EWOULDBLOCK, with nothing done and done not called, when that is
+ * not how the store runs (group commit off, or no front cache), when the
+ * read pays (lately about one request in four that missed the cache was a
+ * duplicate all the same: after a restart, or for records another instance
+ * wrote), and for anything idem_execute_async would refuse (NULL
+ * arguments, an invalid req): call idem_execute_async from a thread that
+ * may wait then. Otherwise 0, and done is called exactly once, as by
+ * idem_execute_async: on this thread before return for a cached answer.
+ */
+IDEM_EXTERN int idem_execute_async_nowait(idem_store *store, const idem_request *req,
+                                          idem_work_fn work, void *ctx, idem_done_fn done,
+                                          void *done_ctx);
+
 /* Two-phase mode. */
 typedef struct idem_claim idem_claim;
 

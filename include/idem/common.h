@@ -44,9 +44,10 @@ typedef enum {
 	IDEM_ESTORE = -7,    /* any other store error (SQL error, full disk, ...) */
 	IDEM_ECORRUPT = -8,  /* the database file is not a database or is damaged */
 	IDEM_ESCHEMA = -9,   /* the schema is newer than this library or missing */
-	IDEM_ENOTFOUND = -10, /* no such record */
-	IDEM_ELEASE = -11,    /* the claim's lease was lost: another caller took it over */
-	IDEM_ECLOSED = -12,   /* the store or executor is shutting down */
+	IDEM_ENOTFOUND = -10,   /* no such record */
+	IDEM_ELEASE = -11,      /* the claim's lease was lost: another caller took it over */
+	IDEM_ECLOSED = -12,     /* the store or executor is shutting down */
+	IDEM_EWOULDBLOCK = -13, /* a _nowait call would have to wait: nothing was done */
 } idem_error_code;
 
 /* Class of a store failure, for metrics and for deciding what a caller does. */

@@ -241,6 +241,21 @@ IDEM_EXTERN void idem_pay_transfer_async(idem_pay *pay, const idem_pay_request *
                                          idem_done_fn done, void *done_ctx);
 
 /*
+ * idem_pay_create_payment_async for a thread that must never wait (an HTTP
+ * event thread): the body is checked and hashed here, and the payment is
+ * answered from the front cache or queued for its group-commit writer
+ * without the read before the write (idem_execute_async_nowait). Returns
+ * IDEM_EWOULDBLOCK, with nothing done and done not called, when it cannot
+ * start so: a router (idem_pay_open_shards), a connected channel, or
+ * whatever idem_execute_async_nowait refuses; make
+ * the same request with idem_pay_create_payment_async from a thread that
+ * may wait then. Otherwise 0, and done is called exactly once, as by the
+ * _async call (before return for a bad request or a cached answer).
+ */
+IDEM_EXTERN int idem_pay_create_payment_nowait(idem_pay *pay, const idem_pay_request *rq,
+                                               idem_done_fn done, void *done_ctx);
+
+/*
  * The replay shortcut alone, without waiting: answers rq only when the
  * front cache holds its exact bytes (method, path, body) under its
  * Idempotency-Key, which the full path keeps after it answered those bytes

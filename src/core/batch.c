@@ -47,6 +47,7 @@ typedef struct unit {
 	idem_error err;      /* the detail of rc, taken on the writer thread */
 	int64_t queued_us;   /* monotonic time it was queued */
 	int64_t deadline_us; /* its request's deadline (monotonic), 0: none */
+	int unread;          /* queued without the read before the write */
 } unit;
 
 typedef struct {
@@ -75,6 +76,8 @@ static void deliver(idem_store *s, unit *u)
 {
 	if (u->rc > 0)
 		u->rc = 0;
+	if (u->unread && u->rc == 0)
+		idem__miss_note(s, u->res.outcome != IDEM_FIRST);
 	/* done may read idem_error_last(): give it this unit's, not the batch's last. */
 	if (u->rc < 0)
 		idem__error_restore(&u->err);
@@ -482,7 +485,7 @@ static unsigned scope_hash(const char *s)
 }
 
 int idem__batch_submit(idem__batch *b, const idem_request *req, idem_work_fn work, void *ctx,
-                       idem_done_fn done, void *done_ctx)
+                       idem_done_fn done, void *done_ctx, int unread)
 {
 	unit *u = NULL;
 	writer *w;
@@ -500,6 +503,7 @@ int idem__batch_submit(idem__batch *b, const idem_request *req, idem_work_fn wor
 	u->ctx = ctx;
 	u->done = done;
 	u->done_ctx = done_ctx;
+	u->unread = unread;
 	u->queued_us = idem__clock_monotonic_us();
 	/* The request's deadline, set by idem_execute_async, else from now. */
 	u->deadline_us = idem__backend_deadline();

@@ -127,6 +127,29 @@ static void answer_from(idem_result *out, int outcome, idem__record *ex, int64_t
 	}
 }
 
+/* A duplicate weighs 3 new keys: the score rises while more than one miss
+ * in four is a duplicate, falls otherwise, and the read runs above ON. MAX
+ * bounds how long a past storm of duplicates is remembered (MAX - ON new
+ * keys). */
+#define MISS_DUP 3
+#define MISS_ON  32
+#define MISS_MAX 256
+
+void idem__miss_note(idem_store *s, int duplicate)
+{
+	int v = atomic_load_explicit(&s->miss_score, memory_order_relaxed);
+	int n = duplicate ? v + MISS_DUP : v - 1;
+
+	n = n < 0 ? 0 : n > MISS_MAX ? MISS_MAX : n;
+	if (n != v)
+		atomic_store_explicit(&s->miss_score, n, memory_order_relaxed);
+}
+
+int idem__miss_read_pays(const idem_store *s)
+{
+	return atomic_load_explicit(&s->miss_score, memory_order_relaxed) > MISS_ON;
+}
+
 /*
  * The read before the write (DESIGN.md §3): a completed record is immutable,
  * so finding one answers the duplicate with no write at all. Returns 1 when
@@ -141,10 +164,13 @@ int idem__fast_path(idem_store *s, const idem__key *k, const char *fp, idem_resu
 
 	if (rc != 0)
 		return rc;
-	if ((rc = idem__rec_read(s->ops, s->be, k, &ex)) == IDEM_ENOTFOUND)
+	if ((rc = idem__rec_read(s->ops, s->be, k, &ex)) == IDEM_ENOTFOUND) {
+		idem__miss_note(s, 0);
 		return 0;
+	}
 	if (rc < 0)
 		return rc;
+	idem__miss_note(s, 1);
 	outcome = classify(&ex, fp, now);
 	if (outcome == IDEM_REPLAY)
 		idem__cache_put(s->cache, k, ex.fingerprint, ex.http_status, ex.body, ex.body_len,

@@ -13,6 +13,20 @@ int idem__request_key(idem__key *k, const idem_request *req);
 /* Cache, then read connection: 1 when out is answered, 0 to go on, <0 error. */
 int idem__fast_path(idem_store *s, const idem__key *k, const char *fp, idem_result *out);
 
+/*
+ * Whether the read before the write pays (DESIGN.md §3). It answers a
+ * duplicate whose record is stored but not in the front cache (evicted,
+ * written before a restart or by another instance) without a write; for a
+ * new key it finds nothing and costs a read, and, for a caller that must
+ * not wait, a hand-over to a thread that may. idem__miss_note counts what
+ * each request that missed the cache turned out to be, from the read (a
+ * record found) or from the claim of a unit queued without it (not FIRST);
+ * idem__miss_read_pays is 1 while, lately, about one miss in four or more
+ * was a duplicate.
+ */
+void idem__miss_note(idem_store *s, int duplicate);
+int idem__miss_read_pays(const idem_store *s);
+
 /* Claim, work and complete one unit under its own savepoint inside txn. */
 int idem__run_unit(idem_txn *txn, const idem__key *k, const idem_request *req, const char *owner,
                    idem_work_fn work, void *ctx, idem_result *out);
@@ -52,9 +66,11 @@ void idem__batch_stop(idem__batch *b);
 /*
  * Queue req for its scope's writer: done is called on the writer thread
  * after the COMMIT of its batch. 0 when queued; an error (nothing queued,
- * done not called) otherwise. req's strings must outlive done.
+ * done not called) otherwise. req's strings must outlive done. unread: no
+ * read before the write was made, so the claim's outcome is noted
+ * (idem__miss_note).
  */
 int idem__batch_submit(idem__batch *b, const idem_request *req, idem_work_fn work, void *ctx,
-                       idem_done_fn done, void *done_ctx);
+                       idem_done_fn done, void *done_ctx, int unread);
 
 #endif

@@ -8,6 +8,8 @@
 #ifndef IDEM_CORE_ENGINE_H
 #define IDEM_CORE_ENGINE_H
 
+#include <stdatomic.h>
+
 #include "core/metrics.h"
 #include "store/backend.h"
 
@@ -23,6 +25,9 @@ struct idem_store {
 	idem__metrics metrics;
 	struct idem__cache *cache; /* NULL: no front cache */
 	struct idem__batch *batch; /* NULL: no group commit */
+	/* Whether the read before the write pays (idem__miss_note): relaxed,
+	 * approximate by design; a lost update costs nothing but a read. */
+	atomic_int miss_score;
 };
 
 /*

@@ -11,6 +11,7 @@
  */
 #include <string.h>
 
+#include "core/cache.h"
 #include "core/claim_internal.h"
 #include "util/clock.h"
 #include "util/error.h"
@@ -99,7 +100,7 @@ void idem_execute_async(idem_store *store, const idem_request *req, idem_work_fn
 		rc = idem__execute_direct(store, &k, req, work, ctx, &res);
 		goto answer;
 	}
-	rc = idem__batch_submit(store->batch, req, work, ctx, done, done_ctx);
+	rc = idem__batch_submit(store->batch, req, work, ctx, done, done_ctx, 0);
 	deadline_end(own_deadline);
 	own_deadline = 0;
 	if (rc == 0)
@@ -110,4 +111,38 @@ answer:
 		rc = 0;
 	idem__count(store, req->business_type, rc, &res);
 	done(done_ctx, rc, &res);
+}
+
+/*
+ * The front cache, or the writer's queue without the read before the write:
+ * never a wait (the cache's and the queue's locks are held for a lookup or
+ * a link). Only when the store runs group commit and a front cache (without
+ * one, the read is the only answer to a duplicate short of the writer), and
+ * while the read does not pay (idem__miss_read_pays).
+ */
+int idem_execute_async_nowait(idem_store *store, const idem_request *req, idem_work_fn work,
+                              void *ctx, idem_done_fn done, void *done_ctx)
+{
+	idem_result res = {0};
+	idem__key k;
+	int rc, own_deadline;
+
+	if (!store || !req || !work || !done || !store->batch || !store->cache ||
+	    idem__miss_read_pays(store) || idem__request_key(&k, req) < 0)
+		return IDEM_EWOULDBLOCK; /* idem_execute_async answers these */
+	own_deadline = deadline_begin(store);
+	rc = idem__cache_get(store->cache, &k, req->fingerprint, idem_store_now(store), &res);
+	if (rc == 0) {
+		rc = idem__batch_submit(store->batch, req, work, ctx, done, done_ctx, 1);
+		deadline_end(own_deadline);
+		if (rc == 0)
+			return 0; /* the writer answers after its COMMIT */
+	} else {
+		deadline_end(own_deadline);
+	}
+	if (rc > 0)
+		rc = 0;
+	idem__count(store, req->business_type, rc, &res);
+	done(done_ctx, rc, &res);
+	return 0;
 }

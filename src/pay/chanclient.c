@@ -79,27 +79,45 @@ void pay__chanstate_free(pay__chanstate *s)
 
 /* ---- configuration ---------------------------------------------------- */
 
+/* From memory: 1 with out and *found when fresh; 0 and *slot (-1: none) else. */
+static int chan_cached(pay__chanstate *s, const char *name, int64_t now, pay__chan *out, int *found,
+                       int *slot)
+{
+	int fresh;
+
+	memset(out, 0, sizeof(*out));
+	*found = 0;
+	*slot = -1;
+	pthread_mutex_lock(&s->lock);
+	for (int i = 0; i < s->ncache; i++)
+		if (strcmp(s->cache[i].ch.name, name) == 0) {
+			*slot = i;
+			break;
+		}
+	fresh = *slot >= 0 && now - s->cache[*slot].loaded_at < CACHE_TTL_MS;
+	if (fresh) {
+		*out = s->cache[*slot].ch;
+		*found = s->cache[*slot].found;
+	}
+	pthread_mutex_unlock(&s->lock);
+	return fresh;
+}
+
+int pay__chan_get_cached(idem_pay *pay, const char *name, pay__chan *out, int *found)
+{
+	int slot;
+
+	return chan_cached(pay->chans, name, pay__now(pay), out, found, &slot);
+}
+
 int pay__chan_get(idem_pay *pay, const char *name, pay__chan *out, int *found)
 {
 	pay__chanstate *s = pay->chans;
 	int64_t now = pay__now(pay);
-	int rc, slot = -1;
+	int rc, slot;
 
-	memset(out, 0, sizeof(*out));
-	*found = 0;
-	pthread_mutex_lock(&s->lock);
-	for (int i = 0; i < s->ncache; i++)
-		if (strcmp(s->cache[i].ch.name, name) == 0) {
-			slot = i;
-			break;
-		}
-	if (slot >= 0 && now - s->cache[slot].loaded_at < CACHE_TTL_MS) {
-		*out = s->cache[slot].ch;
-		*found = s->cache[slot].found;
-		pthread_mutex_unlock(&s->lock);
+	if (chan_cached(s, name, now, out, found, &slot))
 		return 0;
-	}
-	pthread_mutex_unlock(&s->lock);
 	if ((rc = pay__chan_load(pay, name, out, found)) < 0)
 		return rc;
 	pthread_mutex_lock(&s->lock);

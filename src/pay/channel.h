@@ -30,6 +30,8 @@ typedef struct {
  * seconds. *found 0 when no such channel. The caller cleanses out->secret.
  */
 int pay__chan_get(idem_pay *pay, const char *name, pay__chan *out, int *found);
+/* The same from memory alone, never waiting: 1 when it could say, 0 when not. */
+int pay__chan_get_cached(idem_pay *pay, const char *name, pay__chan *out, int *found);
 /* The same from the store, uncached (chanconfig.c). */
 int pay__chan_load(idem_pay *pay, const char *name, pay__chan *out, int *found);
 

@@ -279,6 +279,9 @@ typedef struct {
 /* A new op for rq, or NULL after calling done with IDEM_ENOMEM. */
 pay__op *pay__op_new(idem_pay *pay, const idem_pay_request *rq, idem_done_fn done, void *done_ctx);
 
+/* Free op without answering (a _nowait call that would wait): IDEM_EWOULDBLOCK. */
+int pay__op_drop(pay__op *op);
+
 /* Answer with op->res (validation) or error rc, and free op. */
 void pay__finish(pay__op *op, int rc);
 /* Answer with a claim's result (duplicates get their problem bodies), free op. */
@@ -304,6 +307,14 @@ void pay__op_request(pay__op *op, const char *type, const char *natural, int64_t
  */
 void pay__start(pay__op *op, const char *type, const char *natural, int64_t ttl_ms,
                 idem_work_fn work, void (*before_work)(idem_pay *pay), int backstop);
+
+/*
+ * pay__start's atomic path for a caller that must not wait
+ * (idem_execute_async_nowait): 0 when started, or IDEM_EWOULDBLOCK with op
+ * freed and nothing answered.
+ */
+int pay__start_nowait(pay__op *op, const char *type, const char *natural, int64_t ttl_ms,
+                      idem_work_fn work, int backstop);
 
 /* The synchronous form of an async write: wait for its answer. */
 typedef void (*pay__async_fn)(idem_pay *, const idem_pay_request *, idem_done_fn, void *);

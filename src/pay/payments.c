@@ -132,52 +132,83 @@ static const pay__field payment_fields[] = {
     {"metadata", F_OBJECT, 0, V_ANY, 0},
 };
 
-void idem_pay_create_payment_async(idem_pay *pay, const idem_pay_request *rq, idem_done_fn done,
-                                   void *done_ctx)
+/*
+ * A payment, on a thread that may wait (nowait 0: always 0) or must not
+ * (1): then IDEM_EWOULDBLOCK, nothing done and done not called, for a
+ * router (the shard may be read from the directory), a connected channel
+ * (its configuration may be read) and whatever the core refuses to start
+ * without waiting (idem_execute_async_nowait).
+ */
+static int create_payment(idem_pay *pay, const idem_pay_request *rq, idem_done_fn done,
+                          void *done_ctx, int nowait)
 {
 	pay__op *c;
 	idem_result *out;
-	const char *order_no;
+	const char *order_no, *channel;
+	void (*before_work)(idem_pay *) = NULL;
 	int rc;
 
-	if (!pay__async_args(__func__, pay, rq, done, done_ctx) ||
-	    !(pay = pay__route_async(pay, rq->caller, done, done_ctx)) ||
+	if (!pay__async_args(nowait ? "idem_pay_create_payment_nowait"
+	                            : "idem_pay_create_payment_async",
+	                     pay, rq, done, done_ctx))
+		return 0;
+	if (nowait && pay->nshards)
+		return IDEM_EWOULDBLOCK;
+	if (!(pay = pay__route_async(pay, rq->caller, done, done_ctx)) ||
 	    !(c = pay__op_new(pay, rq, done, done_ctx)))
-		return;
+		return 0;
 	out = &c->res;
 	if ((rc = pay__parse_request(&c->doc, out, rq, payment_fields,
 	                             sizeof(payment_fields) / sizeof(payment_fields[0]))) < 0 ||
-	    !c->doc) {
+	    !c->doc || (rc = pay__fingerprint(c->fp, rq, c->doc)) < 0) {
 		pay__finish(c, rc);
-		return;
+		return 0;
 	}
 	order_no = pay__str(c->doc, "merchant_order_no");
-	if ((rc = pay__fingerprint(c->fp, rq, c->doc)) == 0) {
+	channel = pay__str(c->doc, "channel");
+	if (strcmp(channel, "mock") != 0) {
 		pay__chan ch;
 		int found = 0;
 
+		/* Without waiting: only a channel known, from memory, to have no
+		 * connection (the atomic path); the rest goes to a thread that may wait. */
+		if (nowait && (!pay__chan_get_cached(pay, channel, &ch, &found) ||
+		               (found && ch.base_url[0]))) {
+			OPENSSL_cleanse(&ch, sizeof(ch));
+			return pay__op_drop(c);
+		}
 		/* A connected channel: two phases, the call on the channel pool. */
-		if (strcmp(pay__str(c->doc, "channel"), "mock") != 0 &&
-		    (rc = pay__chan_get(pay, pay__str(c->doc, "channel"), &ch, &found)) == 0 &&
-		    found && ch.base_url[0]) {
+		if (!nowait && (rc = pay__chan_get(pay, channel, &ch, &found)) == 0 && found &&
+		    ch.base_url[0]) {
 			pay__chan_payment_start(c, &ch);
 			OPENSSL_cleanse(&ch, sizeof(ch));
-			return;
+			return 0;
 		}
 		OPENSSL_cleanse(&ch, sizeof(ch));
 		if (rc < 0) {
 			pay__finish(c, rc);
-			return;
+			return 0;
 		}
-		pay__start(c, "payment", order_no, pay->opts.ttl_ms, create_payment_work,
-		           pay->opts.mock_channel_delay_ms > 0 &&
-		                   strcmp(pay__str(c->doc, "channel"), "mock") == 0
-		               ? call_mock_channel
-		               : NULL,
-		           1);
-		return;
+	} else if (pay->opts.mock_channel_delay_ms > 0) {
+		before_work = call_mock_channel;
 	}
-	pay__finish(c, rc);
+	if (nowait && !before_work)
+		return pay__start_nowait(c, "payment", order_no, pay->opts.ttl_ms,
+		                         create_payment_work, 1);
+	pay__start(c, "payment", order_no, pay->opts.ttl_ms, create_payment_work, before_work, 1);
+	return 0;
+}
+
+void idem_pay_create_payment_async(idem_pay *pay, const idem_pay_request *rq, idem_done_fn done,
+                                   void *done_ctx)
+{
+	create_payment(pay, rq, done, done_ctx, 0);
+}
+
+int idem_pay_create_payment_nowait(idem_pay *pay, const idem_pay_request *rq, idem_done_fn done,
+                                   void *done_ctx)
+{
+	return create_payment(pay, rq, done, done_ctx, 1);
 }
 
 int idem_pay_create_payment(idem_result *out, idem_pay *pay, const idem_pay_request *rq)

@@ -160,6 +160,14 @@ pay__op *pay__op_new(idem_pay *pay, const idem_pay_request *rq, idem_done_fn don
 	return op;
 }
 
+int pay__op_drop(pay__op *op)
+{
+	idem_result_clear(&op->res);
+	json_decref(op->doc);
+	free(op);
+	return IDEM_EWOULDBLOCK;
+}
+
 void pay__finish(pay__op *op, int rc)
 {
 	if (rc > 0)
@@ -324,6 +332,16 @@ void pay__start(pay__op *op, const char *type, const char *natural, int64_t ttl_
 		            "too many channel calls are waiting; retry later");
 		pay__finish(op, 0);
 	}
+}
+
+int pay__start_nowait(pay__op *op, const char *type, const char *natural, int64_t ttl_ms,
+                      idem_work_fn work, int backstop)
+{
+	pay__op_request(op, type, natural, ttl_ms, backstop);
+	if (idem_execute_async_nowait(op->pay->store, &op->req, work, op, on_done, op) ==
+	    IDEM_EWOULDBLOCK)
+		return pay__op_drop(op);
+	return 0;
 }
 
 int pay__wait(idem_result *out, idem_pay *pay, const idem_pay_request *rq, pay__async_fn fn)

@@ -297,12 +297,17 @@ static void req_work(work_item *item)
  * may wait (phase REQ_HEAD_WAIT: the key lookup; REQ_RUN_WAIT: the route).
  * libmicrohttpd calls the handler again once the worker resumed it.
  */
-static enum MHD_Result req_suspend(http_server *h, http_req *r, int phase)
+static void req_hold(http_req *r, int phase)
 {
 	r->phase = phase;
 	r->item.run = req_work;
 	track_pause(track_of(r->conn));
 	MHD_suspend_connection(r->conn);
+}
+
+/* r is held (req_hold): its item to a worker, or a 503 when none can start. */
+static enum MHD_Result req_submit(http_server *h, http_req *r)
+{
 	if (workers_submit(h->workers, &r->item) == 0)
 		return MHD_YES;
 	answer_problem(&r->later, 503, "server_busy",
@@ -310,6 +315,12 @@ static enum MHD_Result req_suspend(http_server *h, http_req *r, int phase)
 	r->later.outcome = "error";
 	req_resume(h, r);
 	return MHD_YES;
+}
+
+static enum MHD_Result req_suspend(http_server *h, http_req *r, int phase)
+{
+	req_hold(r, phase);
+	return req_submit(h, r);
 }
 
 const char *req_header(http_req *r, const char *name, size_t *len)
@@ -672,8 +683,11 @@ static enum MHD_Result body_append(http_req *r, const char *upload, size_t n)
 
 /*
  * The body is in: answer what never waits here (413, /metrics, the replay
- * shortcut), and hand the rest to a worker; the answer is sent when
- * libmicrohttpd calls again after the resume (phase REQ_RUN_WAIT).
+ * shortcut), start here what needs no wait to start (a payment queued for
+ * its writer: route_start, with r held as for a worker, since the writer
+ * may resume r before route_start returns), and hand the rest to a
+ * worker; the answer is sent when libmicrohttpd calls again after the
+ * resume (phase REQ_RUN_WAIT).
  */
 static enum MHD_Result on_body_done(http_server *h, http_req *r, struct MHD_Connection *conn)
 {
@@ -689,7 +703,10 @@ static enum MHD_Result on_body_done(http_server *h, http_req *r, struct MHD_Conn
 	if (route_run_fast(h->state, r, &r->match, &a))
 		return send_answer(r, &a);
 	free(a.body); /* a 0 leaves nothing, but be sure */
-	return req_suspend(h, r, REQ_RUN_WAIT);
+	req_hold(r, REQ_RUN_WAIT);
+	if (route_start(h->state, r, &r->match, r->deadline))
+		return MHD_YES; /* r may be answered from here on: not ours */
+	return req_submit(h, r);
 }
 
 /*

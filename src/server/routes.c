@@ -147,6 +147,23 @@ static int f_refund(server_state *s, http_req *r, route_match *m, http_answer *a
 	return fast_write(s, r, m, a, "/v1/refunds");
 }
 
+/*
+ * The payment started on the event thread (idem_pay_create_payment_nowait):
+ * 1 when it started, its answer to come through http_write_done, as
+ * do_write's; 0 when it would wait, nothing done.
+ */
+static int s_create_payment(server_state *s, http_req *r, route_match *m)
+{
+	idem_pay_request *rq = NULL;
+	http_answer a = {0};
+
+	if (write_request(r, "/v1/payments", m->merchant, &a, &rq) < 0) {
+		free(a.body); /* fast_write answered this one already */
+		return 0;
+	}
+	return idem_pay_create_payment_nowait(s->pay, rq, http_write_done, r) == 0;
+}
+
 static int h_create_payment(server_state *s, http_req *r, route_match *m, http_answer *a)
 {
 	return do_write(s, r, m, a, idem_pay_create_payment_async, "/v1/payments", m->merchant);
@@ -306,20 +323,23 @@ typedef struct {
 	auth_kind auth;
 	route_handler handler; /* may wait for the store: run on a worker thread */
 	route_handler fast;    /* never waits: 1 when it answered, 0 to run handler; or NULL */
+	route_starter start;   /* never waits: 1 the write started, 0 to run handler; or NULL */
 } route;
 
 static const route routes[] = {
-    {"POST", "/v1/payments", "/v1/payments", AUTH_BEARER, h_create_payment, f_create_payment},
-    {"GET", "/v1/payments", "/v1/payments", AUTH_BEARER, h_find_payment, NULL},
-    {"GET", "/v1/payments/*", "/v1/payments/{id}", AUTH_BEARER, h_get_payment, NULL},
-    {"POST", "/v1/refunds", "/v1/refunds", AUTH_BEARER, h_refund, f_refund},
-    {"POST", "/v1/transfers", "/v1/transfers", AUTH_BEARER, h_transfer, NULL},
-    {"GET", "/v1/balance", "/v1/balance", AUTH_BEARER, h_balance, NULL},
-    {"POST", "/v1/notifications/*", "/v1/notifications/{channel}", AUTH_SIGNATURE, h_notify, NULL},
+    {"POST", "/v1/payments", "/v1/payments", AUTH_BEARER, h_create_payment, f_create_payment,
+     s_create_payment},
+    {"GET", "/v1/payments", "/v1/payments", AUTH_BEARER, h_find_payment, NULL, NULL},
+    {"GET", "/v1/payments/*", "/v1/payments/{id}", AUTH_BEARER, h_get_payment, NULL, NULL},
+    {"POST", "/v1/refunds", "/v1/refunds", AUTH_BEARER, h_refund, f_refund, NULL},
+    {"POST", "/v1/transfers", "/v1/transfers", AUTH_BEARER, h_transfer, NULL, NULL},
+    {"GET", "/v1/balance", "/v1/balance", AUTH_BEARER, h_balance, NULL, NULL},
+    {"POST", "/v1/notifications/*", "/v1/notifications/{channel}", AUTH_SIGNATURE, h_notify, NULL,
+     NULL},
     {"GET", "/v1/idempotency-records/*/**", "/v1/idempotency-records/{type}/{key}", AUTH_BEARER,
-     h_record, NULL},
-    {"GET", "/healthz", "/healthz", AUTH_NONE, h_healthz, NULL},
-    {"GET", "/metrics", "/metrics", AUTH_NONE, h_metrics, f_metrics},
+     h_record, NULL, NULL},
+    {"GET", "/healthz", "/healthz", AUTH_NONE, h_healthz, NULL, NULL},
+    {"GET", "/metrics", "/metrics", AUTH_NONE, h_metrics, f_metrics, NULL},
 };
 
 #define NROUTES (sizeof(routes) / sizeof(routes[0]))
@@ -468,6 +488,7 @@ int route_begin(server_state *s, http_req *r, const char *method, const char *pa
 		return ROUTE_ANSWERED;
 	m->handler = found->handler;
 	m->fast = found->fast;
+	m->start = found->start;
 	if (found->auth == AUTH_BEARER)
 		return authenticate_cached(s, r, m, a);
 	if (found->auth == AUTH_SIGNATURE && !req_header(r, "X-Signature", NULL)) {
@@ -497,6 +518,18 @@ int route_prepare(server_state *s, http_req *r, const char *method, const char *
 int route_run_fast(server_state *s, http_req *r, route_match *m, http_answer *a)
 {
 	return m->fast ? m->fast(s, r, m, a) : 0;
+}
+
+int route_start(server_state *s, http_req *r, route_match *m, int64_t deadline)
+{
+	int started;
+
+	if (!m->start)
+		return 0;
+	idem_deadline_adopt(deadline);
+	started = m->start(s, r, m);
+	idem_deadline_end(); /* a queued write's unit carries its own copy */
+	return started;
 }
 
 void route_run(server_state *s, http_req *r, route_match *m, http_answer *a)

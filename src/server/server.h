@@ -114,13 +114,16 @@ void answer_result(http_answer *a, int rc, idem_result *res);
  * is never read. route_authenticate (a key the cache does not hold) and
  * route_run (the handler, once the body is in) may wait for the store and
  * run on a worker thread; route_run_fast is what a route answers without
- * waiting (/metrics, the replay shortcut).
+ * waiting (/metrics, the replay shortcut), route_start a write it starts
+ * without waiting (a payment queued for its writer).
  */
 typedef struct route_match route_match;
 typedef int (*route_handler)(server_state *s, http_req *r, route_match *m, http_answer *a);
+typedef int (*route_starter)(server_state *s, http_req *r, route_match *m);
 struct route_match {
 	route_handler handler;           /* may wait: on a worker */
 	route_handler fast;              /* never waits: 1 answered, 0 not; or NULL */
+	route_starter start;             /* never waits: 1 the write started, 0 not; or NULL */
 	const char *route;               /* the template matched, for the log; NULL: none */
 	char merchant[IDEM_PAY_ID_SIZE]; /* authenticated merchant */
 	char param[320];                 /* path parameter ({id}, {channel}, {type}) */
@@ -146,6 +149,14 @@ int route_prepare(server_state *s, http_req *r, const char *method, const char *
 
 /* 1 when the route answered a without waiting; 0: run route_run on a worker. */
 int route_run_fast(server_state *s, http_req *r, route_match *m, http_answer *a);
+/*
+ * After route_run_fast said 0, with r suspended: start the route's write
+ * without waiting, under deadline (the request's), on the event thread.
+ * 1 when it started: its answer comes through http_write_done, as a write
+ * started by route_run's does, and r may be answered from then on; 0 when
+ * it would wait (nothing done): run route_run on a worker.
+ */
+int route_start(server_state *s, http_req *r, route_match *m, int64_t deadline);
 /*
  * Run the route once the body is in, on a worker thread under the
  * request's deadline (ended here); a says the answer, or a->pending when a

@@ -78,6 +78,7 @@ const char *idem_strerror(int code)
 	case IDEM_ENOTFOUND: return "not found";
 	case IDEM_ELEASE: return "lease lost to another caller";
 	case IDEM_ECLOSED: return "shutting down";
+	case IDEM_EWOULDBLOCK: return "would wait";
 	default: return "unknown error";
 	}
 }

@@ -287,6 +287,17 @@ static void execute_calls(idem_store *store, const idem_request *req)
 	idem_execute_async(store, req, NULL, &worked, on_done, &a);
 	check_answered(&a, "work", "idem_execute_async(NULL work)", __LINE__);
 	idem_execute_async(NULL, NULL, NULL, NULL, NULL, NULL); /* nobody to answer */
+	/* _nowait leaves every one of these to idem_execute_async: nothing done. */
+	a = (answered){0};
+	assert_int_equal(idem_execute_async_nowait(NULL, req, never_work, &worked, on_done, &a),
+	                 IDEM_EWOULDBLOCK);
+	assert_int_equal(idem_execute_async_nowait(store, NULL, never_work, &worked, on_done, &a),
+	                 IDEM_EWOULDBLOCK);
+	assert_int_equal(idem_execute_async_nowait(store, req, NULL, &worked, on_done, &a),
+	                 IDEM_EWOULDBLOCK);
+	assert_int_equal(idem_execute_async_nowait(store, req, never_work, &worked, NULL, NULL),
+	                 IDEM_EWOULDBLOCK);
+	assert_int_equal(a.calls, 0);
 	assert_int_equal(worked, 0);
 }
 
@@ -405,6 +416,18 @@ static void write_calls(idem_pay *pay)
 		check_answered(&a, "rq", writes[i].name, __LINE__);
 		RETURNS(writes[i].async(pay, &rq, NULL, NULL), "done");
 		RETURNS(writes[i].async(NULL, NULL, NULL, NULL), "pay");
+	}
+	{ /* the payment's _nowait form answers them as its _async form does */
+		answered a = {0};
+
+		idem__error_clear();
+		assert_int_equal(idem_pay_create_payment_nowait(NULL, &rq, on_done, &a), 0);
+		check_answered(&a, "pay", "idem_pay_create_payment_nowait", __LINE__);
+		a = (answered){0};
+		idem__error_clear();
+		assert_int_equal(idem_pay_create_payment_nowait(pay, NULL, on_done, &a), 0);
+		check_answered(&a, "rq", "idem_pay_create_payment_nowait", __LINE__);
+		assert_int_equal(idem_pay_create_payment_nowait(pay, &rq, NULL, NULL), 0);
 	}
 }
 

@@ -319,14 +319,164 @@ static void queue_timeout_sheds_stale_units(void **state)
 	assert_int_equal(f->jobs[1].res.outcome, IDEM_FIRST);
 }
 
+/* ---- idem_execute_async_nowait: no read before the write ---- */
+
+static idem_store *open_nowait(fixture *f, int batch_max, size_t cache_bytes)
+{
+	idem_store_opts opts = IDEM_STORE_OPTS_INIT;
+	idem_store *s = NULL;
+
+	opts.batch_max = batch_max;
+	opts.cache_bytes = cache_bytes;
+	opts.cache_entries = cache_bytes ? 10000 : 0;
+	if (idem_store_open(&s, f->url, &opts) != 0)
+		fail_msg("open: %s", idem_error_last()->message);
+	return s;
+}
+
+/* nowait on f->store: its return; j is prepared as submit() does. */
+static int nowait(fixture *f, job *j, const char *key)
+{
+	idem_request r = IDEM_REQUEST_INIT;
+
+	idem_result_clear(&j->res);
+	j->scope = f->scope;
+	snprintf(j->key, sizeof(j->key), "%s", key);
+	j->sql = NULL;
+	j->done = 0;
+	j->lock = &f->lock;
+	j->cond = &f->cond;
+	r.scope = f->scope;
+	r.business_type = "payment";
+	r.key = j->key;
+	r.key_len = strlen(j->key);
+	r.fingerprint = f->fp;
+	return idem_execute_async_nowait(f->store, &r, work, j, on_done, j);
+}
+
+static void wait_one(fixture *f, job *j)
+{
+	pthread_mutex_lock(&f->lock);
+	while (!j->done)
+		pthread_cond_wait(&f->cond, &f->lock);
+	pthread_mutex_unlock(&f->lock);
+}
+
+/* Without group commit or without a front cache it never starts. */
+static void nowait_needs_batch_and_cache(void **state)
+{
+	fixture *f = *state;
+	job *j = &f->jobs[0];
+	idem_request r = IDEM_REQUEST_INIT;
+
+	idem_store_close(f->store);
+	f->store = open_nowait(f, 1, 1 << 20);
+	assert_int_equal(nowait(f, j, "N0"), IDEM_EWOULDBLOCK);
+	idem_store_close(f->store);
+	f->store = open_nowait(f, 64, 0);
+	assert_int_equal(nowait(f, j, "N0"), IDEM_EWOULDBLOCK);
+	assert_false(j->done);
+	assert_false(record_exists(f, "N0"));
+	/* What idem_execute_async answers (NULLs, an invalid request) is left to it. */
+	assert_int_equal(idem_execute_async_nowait(NULL, &r, work, j, on_done, j),
+	                 IDEM_EWOULDBLOCK);
+	assert_int_equal(idem_execute_async_nowait(f->store, NULL, work, j, on_done, j),
+	                 IDEM_EWOULDBLOCK);
+	assert_int_equal(idem_execute_async_nowait(f->store, &r, work, j, on_done, j),
+	                 IDEM_EWOULDBLOCK);
+	assert_false(j->done);
+}
+
+/*
+ * The unit goes to the writer unread, and its claim decides: FIRST once; a
+ * cached duplicate is answered before the call returns; a duplicate the
+ * cache does not hold (a new process: the store reopened) is answered by
+ * the writer's claim, REPLAY with the first body, the work not run again.
+ */
+static void nowait_claim_decides(void **state)
+{
+	fixture *f = *state;
+	job *j = &f->jobs[0];
+
+	idem_store_close(f->store);
+	f->store = open_nowait(f, 64, 1 << 20);
+	assert_int_equal(nowait(f, j, "N1"), 0);
+	wait_one(f, j);
+	assert_int_equal(j->rc, 0);
+	assert_int_equal(j->res.outcome, IDEM_FIRST);
+	assert_int_equal(nowait(f, j, "N1"), 0);
+	assert_true(j->done); /* from the front cache, on this thread */
+	assert_int_equal(j->res.outcome, IDEM_REPLAY);
+	idem_store_close(f->store);
+	f->store = open_nowait(f, 64, 1 << 20);
+	assert_int_equal(nowait(f, j, "N1"), 0);
+	wait_one(f, j);
+	assert_int_equal(j->rc, 0);
+	assert_int_equal(j->res.outcome, IDEM_REPLAY);
+	assert_memory_equal(j->res.body, "N1", 2);
+	assert_int_equal(test_work_count(f->store, f->scope, "N1"), 1);
+}
+
+/*
+ * When the cache's misses are often duplicates (here: every key again after
+ * a restart), the read before the write pays and nowait hands the request
+ * back; once misses are new keys again, nowait starts them again.
+ */
+static void nowait_yields_to_the_read_during_duplicates(void **state)
+{
+	fixture *f = *state;
+	job *j = &f->jobs[0];
+	char key[16];
+	int i, refused = 0;
+
+	idem_store_close(f->store);
+	f->store = open_nowait(f, 64, 1 << 20);
+	for (i = 0; i < 40; i++) {
+		snprintf(key, sizeof(key), "D%d", i);
+		submit(f, j, key, work);
+		wait_one(f, j);
+		assert_int_equal(j->res.outcome, IDEM_FIRST);
+	}
+	idem_store_close(f->store);
+	f->store = open_nowait(f, 64, 1 << 20);
+	for (i = 0; i < 40 && !refused; i++) {
+		snprintf(key, sizeof(key), "D%d", i);
+		if (nowait(f, j, key) == IDEM_EWOULDBLOCK) {
+			refused = 1;
+			break;
+		}
+		wait_one(f, j);
+		assert_int_equal(j->res.outcome, IDEM_REPLAY);
+	}
+	assert_true(refused);
+	assert_in_range(i, 5, 20); /* a storm of duplicates is noticed soon */
+	assert_false(j->done);
+	/* New keys through the read: each read that finds nothing counts. */
+	for (i = 0; i < 300 && nowait(f, j, "NEW") == IDEM_EWOULDBLOCK; i++) {
+		snprintf(key, sizeof(key), "F%d", i);
+		submit(f, j, key, work);
+		wait_one(f, j);
+		assert_int_equal(j->res.outcome, IDEM_FIRST);
+	}
+	assert_in_range(i, 1, 299);
+	wait_one(f, j);
+	assert_int_equal(j->res.outcome, IDEM_FIRST);
+	assert_memory_equal(j->res.body, "NEW", 3);
+}
+
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
 
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    T(failing_unit_rolls_back_alone),   T(failed_commit_acknowledges_none),
-	    T(duplicates_in_one_batch),         T(close_drains),
+	    T(failing_unit_rolls_back_alone),
+	    T(failed_commit_acknowledges_none),
+	    T(duplicates_in_one_batch),
+	    T(close_drains),
 	    T(queue_timeout_sheds_stale_units),
+	    T(nowait_needs_batch_and_cache),
+	    T(nowait_claim_decides),
+	    T(nowait_yields_to_the_read_during_duplicates),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,10 +8,13 @@ for the store runs on a worker thread with the connection suspended
 before it starts, as a slow store would, so these tests see which thread
 answered a request. Proved:
 
-- while every worker-bound request hangs (reads, /healthz, new writes), a
-  retry with the very bytes of an answered payment is replayed at once, and
-  /metrics and the 4xx answers come at once too; a request that does need a
-  worker takes the delay (so a fast answer is not the hook doing nothing);
+- while every worker-bound request hangs (reads, /healthz, refunds, which
+  read their payment first), a retry with the very bytes of an answered
+  payment is replayed at once, a new payment (key and channel known) is
+  started on the event thread and answered after its COMMIT, as are its
+  own retries, and /metrics and the 4xx answers come at once too; a
+  request that does need a worker takes the delay (so a fast answer is not
+  the hook doing nothing);
 - a bearer key the auth cache does not hold is looked up with the connection
   suspended in the head phase: a wrong key on a 900 KB body is answered 401
   after the lookup and before any of the body was sent, with no
@@ -95,8 +98,8 @@ class FastPath(DelayedWorkers):
             if i % 4 == 0:
                 calls.append(("healthz", lambda: self.server.request("GET", "/healthz")))
             elif i % 4 == 1:
-                calls.append(("write", lambda: m.post("/v1/payments", m.payment_body(
-                    100, "CNY", ch.name), key=uid("K"))))
+                calls.append(("write", lambda: m.post("/v1/refunds", {
+                    "refund_request_no": uid("R"), "payment_id": pid, "amount": 1})))
             else:
                 calls.append(("read", lambda: m.get("/v1/payments/" + pid)))
         threads = [threading.Thread(target=hold, args=c, daemon=True) for c in calls]
@@ -120,6 +123,15 @@ class FastPath(DelayedWorkers):
             r, took = timed(lambda: m.post("/v1/payments", body, key=key))
             self.assertReplayOf(r, first)
             self.assertLess(took, FAST, "a replay on a new connection waited")
+        # a new payment needs no worker: queued for the writer from here
+        for _ in range(5):
+            key2, body2 = uid("K"), dumps(m.payment_body(100, "CNY", ch.name))
+            r, took = timed(lambda: m.post("/v1/payments", body2, key=key2))
+            self.assertFirst(r)
+            self.assertLess(took, FAST, "a new payment waited for a worker")
+            again, took = timed(lambda: m.post("/v1/payments", body2, key=key2))
+            self.assertReplayOf(again, r)
+            self.assertLess(took, FAST, "its retry waited")
         r, took = timed(lambda: self.server.request("GET", "/metrics"))
         self.assertStatus(r, 200)
         self.assertLess(took, FAST, "/metrics waited")
@@ -147,7 +159,8 @@ class FastPath(DelayedWorkers):
         self.assertEqual(len(slow), self.SLOW)
         for what, ts, tr, r in slow:
             self.assertNotIsInstance(r, OSError, "%s: %r" % (what, r))
-            self.assertEqual(r.status, {"healthz": 200, "write": 201, "read": 200}[what],
+            # the refund's payment is still processing: refused, after the read
+            self.assertEqual(r.status, {"healthz": 200, "write": 409, "read": 200}[what],
                              "%s: %r" % (what, r))
             self.assertGreaterEqual(tr - ts, self.DELAY * 0.9, "%s did not wait" % what)
         self.assertLess(t_fast_end, min(tr for _w, _s, tr, _r in slow),
@@ -325,6 +338,58 @@ class ShutdownWhileSuspended(harness.TestCase):
     def test_sigterm_with_requests_suspended_in_every_phase(self):
         for _ in range(self.ROUNDS):
             self.round()
+
+
+class ColdCache(harness.TestCase):
+    """A restarted idemd's front cache is empty, and a new payment goes from
+    the event thread to its writer without the read before the write
+    (idem_execute_async_nowait): the claim's INSERT decides, so the retries
+    of payments answered before the restart replay byte for byte, another
+    body under a used key is 422, and no order is made twice. Half the
+    retries in a row are duplicates the cache cannot know: the read before
+    the write comes back on for them (a worker's), which changes nothing
+    of the answers."""
+
+    def test_retries_after_a_restart_are_decided_by_the_claim(self):
+        s1 = harness.Server(self.SERVER_ARGS)
+        self.addCleanup(s1.cleanup)
+        s1.start()
+        m, ch = s1.new_merchant(), s1.new_channel()
+        made = []
+        for i in range(40):
+            key, body = uid("K"), m.payment_body(100 + i, "CNY", ch.name)
+            r = m.post("/v1/payments", body, key=key)
+            self.assertFirst(r)
+            made.append((key, body, r))
+        s1.stop_checked()
+
+        s2 = harness.Server(self.SERVER_ARGS, db_url=s1.db_url, tmpdir=s1.tmpdir)
+        self.addCleanup(s2.cleanup)
+        s2.start()
+        m2 = m.on(s2)
+        for i, (key, body, r) in enumerate(made):
+            again = m2.post("/v1/payments", body, key=key)
+            self.assertReplayOf(again, r)
+            # new payments between the retries, as real traffic has them
+            if i % 2:
+                self.assertFirst(m2.post("/v1/payments", m2.payment_body(7, "CNY", ch.name),
+                                         key=uid("K")))
+        other = dict(made[0][1], amount=1)
+        self.assertProblem(m2.post("/v1/payments", other, key=made[0][0]), 422,
+                           "idempotency_key_reused")
+        for key, body, r in made:
+            self.assertReplayOf(m2.post("/v1/payments", body, key=key), r)
+            n = s2.count_payments(m.id, body["merchant_order_no"])
+            self.assertIn(n, (1, None), "order %s made %s times" % (body["merchant_order_no"], n))
+        s2.stop_checked()
+
+    @classmethod
+    def setUpClass(cls):
+        pass  # each test runs its own servers
+
+    @classmethod
+    def tearDownClass(cls):
+        pass
 
 
 if __name__ == "__main__":
