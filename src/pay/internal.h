@@ -274,6 +274,10 @@ typedef struct {
 	idem_work_fn work; /* two phases: run on a thread of its own */
 	void (*before_work)(idem_pay *pay);
 	int to_shard; /* a transfer between shards: the payee's */
+	/* What a route made before its unit runs, off the writer thread (a new
+	 * payment's id, time and answer); freed with op by prep_free. */
+	void *prep;
+	void (*prep_free)(void *prep);
 } pay__op;
 
 /* A new op for rq, or NULL after calling done with IDEM_ENOMEM. */

@@ -34,57 +34,92 @@ static int order_exists(idem_txn *txn, pay__op *c, idem_response *resp)
 	return rc;
 }
 
-/* The new payment's row, as inserted, with meta_text taken over. */
-static void new_row(pay__payment *p, pay__op *c, char *meta_text, int64_t now)
-{
-	json_t *d = c->doc;
+/*
+ * A new payment's row and answer, made by the request's thread before its
+ * unit is queued (prepare_payment), so the single writer only runs its SQL:
+ * the id, the time and the 201 body are fixed here, and a unit run again
+ * (its batch retried unit by unit) writes and answers the very same.
+ */
+typedef struct {
+	pay__payment p; /* the row as it will be inserted; p.metadata: compact JSON */
+	char *body;     /* the 201 answer */
+	size_t len;
+} prepared;
 
+static void prepared_free(void *v)
+{
+	prepared *pp = v;
+
+	if (!pp)
+		return;
+	pay__payment_clear(&pp->p);
+	free(pp->body);
+	free(pp);
+}
+
+/* 0 with c->prep set, or an error (nothing set). */
+static int prepare_payment(pay__op *c)
+{
+	json_t *d = c->doc, *meta = json_object_get(d, "metadata"), *obj = NULL;
+	const char *desc = pay__str(d, "description");
+	prepared *pp = calloc(1, sizeof(*pp));
+	pay__payment *p = pp ? &pp->p : NULL;
+	int rc;
+
+	if (!pp)
+		return idem__error(IDEM_ENOMEM, "out of memory");
+	if ((rc = pay__new_id(p->id, "pay_", c->pay->shard)) < 0)
+		goto fail;
 	snprintf(p->merchant_id, sizeof(p->merchant_id), "%s", c->rq->caller);
 	snprintf(p->order_no, sizeof(p->order_no), "%s", pay__str(d, "merchant_order_no"));
 	p->amount = pay__int(d, "amount");
 	snprintf(p->currency, sizeof(p->currency), "%s", pay__str(d, "currency"));
 	snprintf(p->channel, sizeof(p->channel), "%s", pay__str(d, "channel"));
 	snprintf(p->status, sizeof(p->status), "processing");
-	p->created_at = p->updated_at = now;
-	p->metadata = meta_text;
+	p->created_at = p->updated_at = pay__now(c->pay);
+	rc = idem__error(IDEM_ENOMEM, "out of memory");
+	if ((meta && !(p->metadata = json_dumps(meta, JSON_COMPACT | JSON_SORT_KEYS))) ||
+	    (desc && !(p->description = strdup(desc))) || !(obj = pay__payment_object(p)) ||
+	    !(pp->body = json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER)))
+		goto fail;
+	json_decref(obj);
+	pp->len = strlen(pp->body);
+	c->prep = pp;
+	c->prep_free = prepared_free;
+	return 0;
+fail:
+	json_decref(obj);
+	prepared_free(pp);
+	return rc;
 }
 
 static int create_payment_work(idem_txn *txn, void *vctx, idem_response *resp)
 {
 	pay__op *c = vctx;
-	json_t *d = c->doc, *meta = json_object_get(d, "metadata"), *obj = NULL;
-	const char *channel = pay__str(d, "channel"), *desc = pay__str(d, "description");
-	char *meta_text = NULL;
-	pay__payment p = {0};
-	int64_t now = pay__now(c->pay);
+	const prepared *pp = c->prep;
+	const pay__payment *p = &pp->p;
 	int rc, known = 0;
 
-	if ((rc = pay__channel_exists(c->pay, txn, channel, &known)) < 0)
-		goto done;
+	if ((rc = pay__channel_exists(c->pay, txn, p->channel, &known)) < 0)
+		return rc;
 	if (!known) {
 		resp->persist = 0; /* a validation error: not stored */
-		rc = pay__problem(resp, 400, "invalid_request", "'channel' names no known channel");
-		goto done;
-	}
-	if ((rc = pay__new_id(p.id, "pay_", c->pay->shard)) < 0)
-		goto done;
-	if (meta && !(meta_text = json_dumps(meta, JSON_COMPACT | JSON_SORT_KEYS))) {
-		rc = idem__error(IDEM_ENOMEM, "out of memory");
-		goto done;
+		return pay__problem(resp, 400, "invalid_request",
+		                    "'channel' names no known channel");
 	}
 	{
 		idem_value v[11] = {
-		    IDEM_V_TEXT(p.id),
-		    IDEM_V_TEXT(c->rq->caller),
-		    IDEM_V_TEXT(pay__str(d, "merchant_order_no")),
-		    IDEM_V_INT(pay__int(d, "amount")),
-		    IDEM_V_TEXT(pay__str(d, "currency")),
-		    IDEM_V_TEXT(channel),
-		    desc ? IDEM_V_TEXT(desc) : IDEM_V_NULL,
-		    meta_text ? IDEM_V_TEXT(meta_text) : IDEM_V_NULL,
+		    IDEM_V_TEXT(p->id),
+		    IDEM_V_TEXT(p->merchant_id),
+		    IDEM_V_TEXT(p->order_no),
+		    IDEM_V_INT(p->amount),
+		    IDEM_V_TEXT(p->currency),
+		    IDEM_V_TEXT(p->channel),
+		    p->description ? IDEM_V_TEXT(p->description) : IDEM_V_NULL,
+		    p->metadata ? IDEM_V_TEXT(p->metadata) : IDEM_V_NULL,
 		    IDEM_V_TEXT(c->fp),
-		    IDEM_V_INT(now),
-		    IDEM_V_INT(now),
+		    IDEM_V_INT(p->created_at),
+		    IDEM_V_INT(p->updated_at),
 		};
 
 		rc = idem_txn_try_exec(
@@ -95,26 +130,13 @@ static int create_payment_work(idem_txn *txn, void *vctx, idem_response *resp)
 		    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'processing', 0, ?, ?, ?)",
 		    v, 11, NULL);
 	}
-	if (rc == IDEM_ECONFLICT) {
-		rc = order_exists(txn, c, resp);
-		goto done;
-	}
+	if (rc == IDEM_ECONFLICT)
+		return order_exists(txn, c, resp);
 	if (rc < 0)
-		goto done;
-	/* The answer is the row just written: no need to read it back. */
-	new_row(&p, c, meta_text, now);
-	meta_text = NULL;
-	if (desc && !(p.description = strdup(desc)))
-		rc = idem__error(IDEM_ENOMEM, "out of memory");
-	else if (!(obj = pay__payment_object(&p)))
-		rc = idem__error(IDEM_ENOMEM, "out of memory");
-	else
-		rc = pay__json(resp, 201, obj);
-done:
-	json_decref(obj);
-	free(meta_text);
-	pay__payment_clear(&p);
-	return rc;
+		return rc;
+	/* The answer is the row just written, made before: copied, as a rerun
+	 * of this unit answers it again. */
+	return idem_response_set(resp, 201, pp->body, pp->len);
 }
 
 static void call_mock_channel(idem_pay *pay)
@@ -191,6 +213,10 @@ static int create_payment(idem_pay *pay, const idem_pay_request *rq, idem_done_f
 		}
 	} else if (pay->opts.mock_channel_delay_ms > 0) {
 		before_work = call_mock_channel;
+	}
+	if ((rc = prepare_payment(c)) < 0) {
+		pay__finish(c, rc);
+		return 0;
 	}
 	if (nowait && !before_work)
 		return pay__start_nowait(c, "payment", order_no, pay->opts.ttl_ms,
