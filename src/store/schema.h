@@ -8,7 +8,7 @@
 #define IDEM_STORE_SCHEMA_H
 
 /* Versions each dialect knows; each file checks its list against these. */
-#define IDEM__SQLITE_SCHEMA_LATEST 6
+#define IDEM__SQLITE_SCHEMA_LATEST 7
 #define IDEM__PG_SCHEMA_LATEST     6
 #define IDEM__MY_SCHEMA_LATEST     6
 

@@ -391,6 +391,26 @@ static int foreign_keys_intact(conn *c)
 }
 
 /*
+ * After a migration that wrote sqlite_master itself (PRAGMA writable_schema,
+ * schema_sqlite.c version 7): one more on the schema cookie, as SQLite's
+ * procedure asks, so every connection (this one, the readers, another
+ * process) parses the schema again before its next statement.
+ */
+static int schema_cookie_bump(conn *c)
+{
+	char sql[64];
+	int64_t v = -1;
+	int rc = run(c, "PRAGMA schema_version", NULL, 0, idem_row_int, &v, NULL, CTX_PLAIN);
+
+	if (rc < 0)
+		return rc;
+	if (v < 0)
+		return idem__error(IDEM_ESCHEMA, "cannot read the schema cookie");
+	snprintf(sql, sizeof(sql), "PRAGMA schema_version=%lld", (long long)v + 1);
+	return exec_plain(c, sql);
+}
+
+/*
  * Each pending version runs in the same BEGIN IMMEDIATE transaction as the
  * row recording it, so two processes migrating at once serialise on the
  * write lock and the second finds the work done.
@@ -429,6 +449,9 @@ static int sqlite_migrate(idem__backend *be, int *version_out)
 			sqlite3_free(errmsg);
 			goto rollback;
 		}
+		if (strstr(idem__sqlite_migrations[v - 1], "writable_schema") &&
+		    (rc = schema_cookie_bump(c)) < 0)
+			goto rollback;
 		if ((rc = run(c,
 		              "INSERT INTO idem_schema_version (version, applied_at) VALUES (?, ?)",
 		              p, 2, NULL, NULL, NULL, CTX_PLAIN)) < 0)
