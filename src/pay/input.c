@@ -4,12 +4,14 @@
  * integer, never a string or a float); numbers that do not fit are a
  * validation error, not a crash. Also ids and timestamps.
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "pay/internal.h"
+#include "util/clock.h"
 #include "util/error.h"
 #include "util/rand.h"
 
@@ -207,12 +209,16 @@ int pay__new_id(char out[IDEM_PAY_ID_SIZE], const char *prefix, int shard)
 {
 	size_t n = strlen(prefix);
 
+	uint64_t ms = (uint64_t)idem__clock_realtime_ms(NULL) & 0xffffffffffffULL;
+
 	memcpy(out, prefix, n);
-	if (shard <= 0)
-		return idem__rand_hex(out + n, 16);
-	/* Same length as a shard 0 id: "s" and three digits take four hex digits' room. */
-	snprintf(out + n, 5, "s%03u", (unsigned)shard % 1000u);
-	return idem__rand_hex(out + n + 4, 14);
+	if (shard > 0) {
+		/* Same length as a shard 0 id: "s" and three digits take four hex digits' room. */
+		snprintf(out + n, 5, "s%03u", (unsigned)shard % 1000u);
+		n += 4;
+	}
+	snprintf(out + n, 13, "%012llx", (unsigned long long)ms);
+	return idem__rand_hex(out + n + 12, shard > 0 ? 8 : 10);
 }
 
 int64_t pay__now(const idem_pay *pay)

@@ -186,9 +186,13 @@ int pay__valid_channel_name(const char *s);
 /* ---- ids and time (input.c; the shard in an id: shards.c) ---- */
 
 /*
- * A new id for a row of shard: prefix + 32 random hex digits on shard 0 (the
- * ids of one store, unchanged), prefix + "s" + three decimal digits of the
- * shard + 28 random hex digits on another (pay/shards.c).
+ * A new id for a row of shard: prefix + 32 hex digits on shard 0, prefix +
+ * "s" + three decimal digits of the shard + 28 hex digits on another
+ * (pay/shards.c). The hex digits begin with 12 of the wall clock's
+ * milliseconds, the rest random (80 bits on shard 0, 64 on another): ids
+ * made one after the other sort one after the other, so a batch's new rows
+ * land on the last leaf of each id index (one page written, not one per
+ * row; InnoDB clusters the table itself on it) instead of on random ones.
  */
 int pay__new_id(char out[IDEM_PAY_ID_SIZE], const char *prefix, int shard);
 /* The shard an id of ours names (0 when it names none); -1 for no id. */
