@@ -33,6 +33,27 @@
 #include "util/error.h"
 #include "util/rand.h"
 
+/*
+ * Which writer a scope's units go to. While any unit of a scope is queued
+ * or running, every new one of that scope goes to the same writer: one
+ * merchant's rows and every duplicate of a key are then written by one
+ * writer, in order, and cannot deadlock across writers (DESIGN.md §5).
+ * Once none is, the scope is free to go anywhere. So a scope is bound to a
+ * writer from its first unit in flight to its last one's answer: to the
+ * writer with the fewest scopes bound when it comes, which spreads busy
+ * merchants over the writers, where a hash put two of them on one writer
+ * as often as not (one in four for two merchants on four writers: half
+ * the throughput on MariaDB, docs/benchmarks.md). One writer: no table.
+ */
+typedef struct bound {
+	struct bound *next; /* in its bucket */
+	unsigned hash;
+	int writer, units; /* units of the scope queued or running */
+	char scope[];
+} bound;
+
+#define BOUND_BUCKETS 1024
+
 typedef struct unit {
 	struct unit *next;
 	idem_request req; /* strings borrowed until done */
@@ -48,6 +69,8 @@ typedef struct unit {
 	int64_t queued_us;   /* monotonic time it was queued */
 	int64_t deadline_us; /* its request's deadline (monotonic), 0: none */
 	int unread;          /* queued without the read before the write */
+	struct idem__batch *batch;
+	bound *bound; /* its scope's binding to a writer; NULL with one writer */
 } unit;
 
 typedef struct {
@@ -59,6 +82,7 @@ typedef struct {
 	int queued;
 	int stop;
 	int started;
+	int scopes; /* scopes bound to it: under the batch's block */
 } writer;
 
 struct idem__batch {
@@ -69,8 +93,73 @@ struct idem__batch {
 	pthread_cond_t rcond;
 	pthread_t reaper;
 	int rinit, rstarted, rstop;
+	/* The scopes in flight and their writers (bound), when nwriters > 1. */
+	pthread_mutex_t block;
+	int binit;
+	bound *buckets[BOUND_BUCKETS];
 	writer w[];
 };
+
+static unsigned scope_hash(const char *s)
+{
+	unsigned h = 2166136261u;
+
+	for (; *s; s++)
+		h = (h ^ (unsigned char)*s) * 16777619u;
+	return h;
+}
+
+/* u's scope bound to a writer (u->bound, counted); 0, or IDEM_ENOMEM. */
+static int bind_scope(idem__batch *b, unit *u)
+{
+	unsigned h = scope_hash(u->req.scope);
+	bound *e;
+	size_t n;
+	int best = 0;
+
+	pthread_mutex_lock(&b->block);
+	for (e = b->buckets[h % BOUND_BUCKETS]; e; e = e->next)
+		if (e->hash == h && strcmp(e->scope, u->req.scope) == 0)
+			break;
+	if (!e) {
+		n = strlen(u->req.scope) + 1;
+		if (!(e = malloc(sizeof(*e) + n))) {
+			pthread_mutex_unlock(&b->block);
+			return idem__error(IDEM_ENOMEM, "out of memory");
+		}
+		for (int i = 1; i < b->nwriters; i++)
+			if (b->w[i].scopes < b->w[best].scopes)
+				best = i;
+		memcpy(e->scope, u->req.scope, n);
+		e->hash = h;
+		e->writer = best;
+		e->units = 0;
+		e->next = b->buckets[h % BOUND_BUCKETS];
+		b->buckets[h % BOUND_BUCKETS] = e;
+		b->w[best].scopes++;
+	}
+	e->units++;
+	u->bound = e;
+	pthread_mutex_unlock(&b->block);
+	return 0;
+}
+
+/* u is answered: its scope is free to move once it was the last in flight. */
+static void unbind_scope(idem__batch *b, unit *u)
+{
+	bound *e = u->bound, **at;
+
+	pthread_mutex_lock(&b->block);
+	if (--e->units == 0) {
+		for (at = &b->buckets[e->hash % BOUND_BUCKETS]; *at != e; at = &(*at)->next)
+			;
+		*at = e->next;
+		b->w[e->writer].scopes--;
+		free(e);
+	}
+	pthread_mutex_unlock(&b->block);
+	u->bound = NULL;
+}
 
 static void deliver(idem_store *s, unit *u)
 {
@@ -78,6 +167,8 @@ static void deliver(idem_store *s, unit *u)
 		u->rc = 0;
 	if (u->unread && u->rc == 0)
 		idem__miss_note(s, u->res.outcome != IDEM_FIRST);
+	if (u->bound) /* before done, which may queue this scope's next unit */
+		unbind_scope(u->batch, u);
 	/* done may read idem_error_last(): give it this unit's, not the batch's last. */
 	if (u->rc < 0)
 		idem__error_restore(&u->err);
@@ -408,6 +499,11 @@ int idem__batch_start_n(idem__batch **out, idem_store *store, int n)
 	if (n < 1 || !(b = calloc(1, sizeof(*b) + (size_t)n * sizeof(writer))))
 		return idem__error(IDEM_ENOMEM, "out of memory");
 	b->store = store;
+	if (pthread_mutex_init(&b->block, NULL) != 0) {
+		free(b);
+		return idem__error(IDEM_ENOMEM, "cannot create a group commit lock");
+	}
+	b->binit = 1;
 	for (int i = 0; i < n; i++) {
 		writer *w = &b->w[i];
 
@@ -451,6 +547,21 @@ int idem__batch_writers(const idem__batch *b)
 	return b ? b->nwriters : 0;
 }
 
+int idem__batch_writer_of(idem__batch *b, const char *scope)
+{
+	unsigned h = scope_hash(scope);
+	int w = -1;
+
+	if (!b || b->nwriters < 2)
+		return b ? 0 : -1;
+	pthread_mutex_lock(&b->block);
+	for (bound *e = b->buckets[h % BOUND_BUCKETS]; e && w < 0; e = e->next)
+		if (e->hash == h && strcmp(e->scope, scope) == 0)
+			w = e->writer;
+	pthread_mutex_unlock(&b->block);
+	return w;
+}
+
 void idem__batch_stop(idem__batch *b)
 {
 	if (!b)
@@ -472,16 +583,10 @@ void idem__batch_stop(idem__batch *b)
 		pthread_mutex_destroy(&b->w[i].lock);
 		pthread_cond_destroy(&b->w[i].cond);
 	}
+	/* Every unit was answered, so every scope unbound: the table is empty. */
+	if (b->binit)
+		pthread_mutex_destroy(&b->block);
 	free(b);
-}
-
-static unsigned scope_hash(const char *s)
-{
-	unsigned h = 2166136261u;
-
-	for (; *s; s++)
-		h = (h ^ (unsigned char)*s) * 16777619u;
-	return h;
 }
 
 int idem__batch_submit(idem__batch *b, const idem_request *req, idem_work_fn work, void *ctx,
@@ -494,8 +599,10 @@ int idem__batch_submit(idem__batch *b, const idem_request *req, idem_work_fn wor
 	if (!(u = calloc(1, sizeof(*u))))
 		return idem__error(IDEM_ENOMEM, "out of memory");
 	u->req = *req;
+	u->batch = b;
 	if ((rc = idem__request_key(&u->key, &u->req)) < 0 ||
-	    (rc = idem__rand_hex(u->owner, 16)) < 0) {
+	    (rc = idem__rand_hex(u->owner, 16)) < 0 ||
+	    (b->nwriters > 1 && (rc = bind_scope(b, u)) < 0)) {
 		free(u);
 		return rc;
 	}
@@ -509,7 +616,7 @@ int idem__batch_submit(idem__batch *b, const idem_request *req, idem_work_fn wor
 	u->deadline_us = idem__backend_deadline();
 	if (!u->deadline_us && b->store->opts.request_timeout_ms > 0)
 		u->deadline_us = u->queued_us + (int64_t)b->store->opts.request_timeout_ms * 1000;
-	w = &b->w[scope_hash(req->scope) % (unsigned)b->nwriters];
+	w = &b->w[u->bound ? u->bound->writer : 0];
 	pthread_mutex_lock(&w->lock);
 	if (w->tail)
 		w->tail->next = u;

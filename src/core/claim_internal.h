@@ -61,6 +61,8 @@ int idem__batch_start(idem__batch **out, idem_store *store);
 int idem__batch_start_n(idem__batch **out, idem_store *store, int nwriters);
 /* How many writer threads b runs (0 for NULL). */
 int idem__batch_writers(const idem__batch *b);
+/* The writer scope is bound to while it has units in flight; -1 when none (tests). */
+int idem__batch_writer_of(idem__batch *b, const char *scope);
 /* Drain the queues, then stop and free the writers. NULL is accepted. */
 void idem__batch_stop(idem__batch *b);
 /*

@@ -5,6 +5,7 @@
  * writers run; a unit losing fast conflicts is retried past max_retries
  * while its time lasts, one whose attempts each wait stops at the budget.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,6 +114,104 @@ static void writers_follow_capabilities(void **state)
 	free(url);
 }
 
+/* ---- scopes in flight are bound to a writer ---- */
+
+static struct {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	int started, open, answered;
+} gate = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0};
+
+static int gated(idem_txn *txn, void *ctx, idem_response *resp)
+{
+	pthread_mutex_lock(&gate.lock);
+	gate.started = 1;
+	pthread_cond_broadcast(&gate.cond);
+	while (!gate.open)
+		pthread_cond_wait(&gate.cond, &gate.lock);
+	pthread_mutex_unlock(&gate.lock);
+	return noop(txn, ctx, resp);
+}
+
+static void counted(void *ctx, int rc, idem_result *res)
+{
+	assert_int_equal(rc, 0);
+	assert_int_equal(res->outcome, IDEM_FIRST);
+	idem_result_clear(res);
+	(void)ctx;
+	pthread_mutex_lock(&gate.lock);
+	gate.answered++;
+	pthread_cond_broadcast(&gate.cond);
+	pthread_mutex_unlock(&gate.lock);
+}
+
+static unsigned fnv(const char *s)
+{
+	unsigned h = 2166136261u;
+
+	for (; *s; s++)
+		h = (h ^ (unsigned char)*s) * 16777619u;
+	return h;
+}
+
+/*
+ * Two merchants whose hashes pick the same one of two writers still get
+ * one writer each while both have units in flight; a merchant's second
+ * unit goes where its first is; once answered, a scope is bound no more.
+ */
+static void scopes_in_flight_spread_over_writers(void **state)
+{
+	idem__backend_ops ops = idem__sqlite_ops;
+	idem_store_opts opts = IDEM_STORE_OPTS_INIT;
+	char *url = test_db_url();
+	idem_store *store = NULL;
+	char a[16] = "m_a0", b[16], fp[65];
+	const char *scopes[3] = {a, NULL, a}, *keys[3] = {"k1", "k2", "k3"};
+	int wa, wb;
+
+	(void)state;
+	for (int i = 1; (snprintf(b, sizeof(b), "m_b%d", i), fnv(a) % 2 != fnv(b) % 2); i++)
+		;
+	scopes[1] = b;
+	ops.caps &= ~IDEM__CAP_ONE_WRITER;
+	opts.batch_max = 8;
+	opts.writers = 2;
+	assert_int_equal(idem__engine_open(&store, &ops, url + strlen("sqlite:"), &opts), 0);
+	assert_int_equal(idem__batch_writers(store->batch), 2);
+	test_fp(fp, "{}");
+	for (int i = 0; i < 3; i++) {
+		idem_request r = IDEM_REQUEST_INIT;
+
+		r.scope = scopes[i];
+		r.business_type = "payment";
+		r.key = keys[i];
+		r.key_len = 2;
+		r.fingerprint = fp;
+		idem_execute_async(store, &r, i == 0 ? gated : noop, NULL, counted, NULL);
+		if (i == 0) { /* a's first unit holds its writer */
+			pthread_mutex_lock(&gate.lock);
+			while (!gate.started)
+				pthread_cond_wait(&gate.cond, &gate.lock);
+			pthread_mutex_unlock(&gate.lock);
+		}
+	}
+	wa = idem__batch_writer_of(store->batch, a);
+	wb = idem__batch_writer_of(store->batch, b);
+	assert_true(wa >= 0 && wb >= 0);
+	assert_int_not_equal(wa, wb);
+	pthread_mutex_lock(&gate.lock);
+	gate.open = 1;
+	pthread_cond_broadcast(&gate.cond);
+	while (gate.answered < 3)
+		pthread_cond_wait(&gate.cond, &gate.lock);
+	pthread_mutex_unlock(&gate.lock);
+	assert_int_equal(idem__batch_writer_of(store->batch, a), -1);
+	assert_int_equal(idem__batch_writer_of(store->batch, b), -1);
+	idem_store_close(store);
+	test_db_drop(url);
+	free(url);
+}
+
 static int nothing(idem_txn *txn, void *ctx)
 {
 	(void)txn;
@@ -191,6 +290,7 @@ int main(void)
 	    cmocka_unit_test(other_ops_version_is_refused),
 	    cmocka_unit_test(null_ops_refused),
 	    cmocka_unit_test(writers_follow_capabilities),
+	    cmocka_unit_test(scopes_in_flight_spread_over_writers),
 	    cmocka_unit_test(bad_arguments_are_einval),
 	    cmocka_unit_test(fast_conflicts_retry_past_the_budget),
 	};
