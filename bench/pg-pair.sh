@@ -35,23 +35,9 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/idem-pgpair.XXXXXX")
 server_pid=
 db_state=
 log() { echo "pg-pair: $*" >&2; }
-stop_server() {
-  if [ -n "$server_pid" ]; then
-    kill -TERM "$server_pid" 2>/dev/null || true
-    wait "$server_pid" 2>/dev/null || true
-  fi
-  server_pid=
-}
-cleanup() {
-  stop_server
-  if [ -n "$db_state" ]; then "$root/scripts/db-down.sh" "$db_state" >/dev/null 2>&1 || true; fi
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
+# shellcheck source=bench/lib.sh
+. "$root/bench/lib.sh"
+trap bench_cleanup EXIT
 
 eval "$("$root/scripts/db-up.sh" --pg)"
 db_state=$IDEM_TEST_DB_STATE

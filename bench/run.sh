@@ -50,16 +50,9 @@ server_pid=
 db_state=
 log() { echo "run.sh: $*" >&2; }
 
-cleanup() {
-  stop_server
-  if [ -n "$db_state" ]; then "$root/scripts/db-down.sh" "$db_state" >/dev/null 2>&1 || true; fi
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
+# shellcheck source=bench/lib.sh
+. "$root/bench/lib.sh"
+trap bench_cleanup EXIT
 
 # idemd flags that exist in this build (group commit and cache arrived later)
 help_text=$("$idemd" --help 2>&1 || true)
@@ -69,13 +62,6 @@ has_flag --batch-max && gc_flags=(--batch-max 1)
 cache_cap_mb=
 if has_flag --cache-mb; then cache_cap_mb=${BENCH_CACHE_MB:-64}; fi
 
-stop_server() {
-  if [ -n "$server_pid" ]; then
-    kill -TERM "$server_pid" 2>/dev/null || true
-    wait "$server_pid" 2>/dev/null || true
-  fi
-  server_pid=
-}
 
 # start_server NAME CMD... : start a server on $port (chosen here), wait
 # until it answers. idemd answers /healthz; static-server answers anything.

@@ -94,24 +94,34 @@ static int teardown(void **state)
 	return 0;
 }
 
+/* j made ready for key in f's scope, and *r the request for it. */
+static void prepare(fixture *f, job *j, const char *key, idem_request *r)
+{
+	*r = (idem_request)IDEM_REQUEST_INIT;
+	idem_result_clear(&j->res);
+	j->scope = f->scope;
+	snprintf(j->key, sizeof(j->key), "%s", key);
+	j->sql = NULL;
+	j->done = 0;
+	j->lock = &f->lock;
+	j->cond = &f->cond;
+	r->scope = f->scope;
+	r->business_type = "payment";
+	r->key = j->key;
+	r->key_len = strlen(j->key);
+	r->fingerprint = f->fp;
+}
+
 static void submit_all(fixture *f, int bad, const char *bad_sql)
 {
 	for (int i = 0; i < UNITS; i++) {
 		job *j = &f->jobs[i];
-		idem_request r = IDEM_REQUEST_INIT;
+		idem_request r;
+		char key[16];
 
-		idem_result_clear(&j->res);
-		j->scope = f->scope;
-		snprintf(j->key, sizeof(j->key), "B%d", i);
+		snprintf(key, sizeof(key), "B%d", i);
+		prepare(f, j, key, &r);
 		j->sql = i == bad ? bad_sql : NULL;
-		j->done = 0;
-		j->lock = &f->lock;
-		j->cond = &f->cond;
-		r.scope = f->scope;
-		r.business_type = "payment";
-		r.key = j->key;
-		r.key_len = strlen(j->key);
-		r.fingerprint = f->fp;
 		idem_execute_async(f->store, &r, work, j, on_done, j);
 	}
 }
@@ -207,18 +217,9 @@ static void duplicates_in_one_batch(void **state)
 
 	for (int i = 0; i < UNITS; i++) {
 		job *j = &f->jobs[i];
-		idem_request r = IDEM_REQUEST_INIT;
+		idem_request r;
 
-		j->scope = f->scope;
-		snprintf(j->key, sizeof(j->key), "SAME");
-		j->sql = NULL;
-		j->lock = &f->lock;
-		j->cond = &f->cond;
-		r.scope = f->scope;
-		r.business_type = "payment";
-		r.key = j->key;
-		r.key_len = 4;
-		r.fingerprint = f->fp;
+		prepare(f, j, "SAME", &r);
 		idem_execute_async(f->store, &r, work, j, on_done, j);
 	}
 	wait_all(f);
@@ -259,20 +260,9 @@ static int slow_work(idem_txn *txn, void *ctx, idem_response *resp)
 
 static void submit(fixture *f, job *j, const char *key, idem_work_fn fn)
 {
-	idem_request r = IDEM_REQUEST_INIT;
+	idem_request r;
 
-	idem_result_clear(&j->res);
-	j->scope = f->scope;
-	snprintf(j->key, sizeof(j->key), "%s", key);
-	j->sql = NULL;
-	j->done = 0;
-	j->lock = &f->lock;
-	j->cond = &f->cond;
-	r.scope = f->scope;
-	r.business_type = "payment";
-	r.key = j->key;
-	r.key_len = strlen(j->key);
-	r.fingerprint = f->fp;
+	prepare(f, j, key, &r);
 	idem_execute_async(f->store, &r, fn, j, on_done, j);
 }
 
@@ -337,20 +327,9 @@ static idem_store *open_nowait(fixture *f, int batch_max, size_t cache_bytes)
 /* nowait on f->store: its return; j is prepared as submit() does. */
 static int nowait(fixture *f, job *j, const char *key)
 {
-	idem_request r = IDEM_REQUEST_INIT;
+	idem_request r;
 
-	idem_result_clear(&j->res);
-	j->scope = f->scope;
-	snprintf(j->key, sizeof(j->key), "%s", key);
-	j->sql = NULL;
-	j->done = 0;
-	j->lock = &f->lock;
-	j->cond = &f->cond;
-	r.scope = f->scope;
-	r.business_type = "payment";
-	r.key = j->key;
-	r.key_len = strlen(j->key);
-	r.fingerprint = f->fp;
+	prepare(f, j, key, &r);
 	return idem_execute_async_nowait(f->store, &r, work, j, on_done, j);
 }
 
