@@ -51,14 +51,15 @@ if [ "$backend" = mariadb ]; then
 fi
 
 ndb=0
-# new_db: a fresh, migrated database with the demo merchant; prints its URL
+url=
+# new_db: url names a fresh, empty database (not in a subshell: ndb counts)
 new_db() {
   ndb=$((ndb + 1))
   if [ "$backend" = sqlite ]; then
-    echo "sqlite:$tmp/pair$ndb.db"
+    url="sqlite:$tmp/pair$ndb.db"
   else
     mariadb --no-defaults -S "$my_sock" -u root -e "CREATE DATABASE idem_pair$ndb"
-    echo "${IDEM_TEST_MARIADB_URL%/*}/idem_pair$ndb"
+    url="${IDEM_TEST_MARIADB_URL%/*}/idem_pair$ndb"
   fi
 }
 
@@ -66,8 +67,8 @@ new_db() {
 record() { printf '%s\t%s\t%s\t%s\n' "$@" >>"$results"; printf 'first-pair: %-10s %8.0f req/s  p99 %6s ms  idemd %6s us/ans\n' "$@" >&2; }
 
 raw_round() {
-  local url rps
-  url=$(new_db)
+  local rps
+  new_db
   "$tool/idemctl" --db "$url" demo >/dev/null
   if [ "$backend" = sqlite ]; then
     for k in 1 100; do
@@ -83,13 +84,14 @@ raw_round() {
 }
 
 idemd_run() { # LABEL BUILD
-  local label=$1 b=$2 url port t0 t1 out
-  url=$(new_db)
+  local label=$1 b=$2 port t0 t1 out
+  new_db
   port=$(free_port)
   "$b/idemd" --db "$url" --listen "127.0.0.1:$port" >/dev/null 2>"$tmp/$label.log" &
   server_pid=$!
   for _ in $(seq 1 200); do
     curl -fsS "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && break
+    kill -0 "$server_pid" 2>/dev/null || { log "$label: idemd exited: $(tail -n 1 "$tmp/$label.log")"; exit 1; }
     sleep 0.05
   done
   t0=$(awk '{print $14 + $15}' "/proc/$server_pid/stat")
