@@ -109,6 +109,16 @@ static unsigned scope_hash(const char *s)
 	return h;
 }
 
+/* Under block: the binding of scope (hash h), or NULL. */
+static bound *find_bound(idem__batch *b, const char *scope, unsigned h)
+{
+	bound *e = b->buckets[h % BOUND_BUCKETS];
+
+	while (e && (e->hash != h || strcmp(e->scope, scope) != 0))
+		e = e->next;
+	return e;
+}
+
 /* u's scope bound to a writer (u->bound, counted); 0, or IDEM_ENOMEM. */
 static int bind_scope(idem__batch *b, unit *u)
 {
@@ -118,10 +128,7 @@ static int bind_scope(idem__batch *b, unit *u)
 	int best = 0;
 
 	pthread_mutex_lock(&b->block);
-	for (e = b->buckets[h % BOUND_BUCKETS]; e; e = e->next)
-		if (e->hash == h && strcmp(e->scope, u->req.scope) == 0)
-			break;
-	if (!e) {
+	if (!(e = find_bound(b, u->req.scope, h))) {
 		n = strlen(u->req.scope) + 1;
 		if (!(e = malloc(sizeof(*e) + n))) {
 			pthread_mutex_unlock(&b->block);
@@ -549,15 +556,14 @@ int idem__batch_writers(const idem__batch *b)
 
 int idem__batch_writer_of(idem__batch *b, const char *scope)
 {
-	unsigned h = scope_hash(scope);
-	int w = -1;
+	bound *e;
+	int w;
 
 	if (!b || b->nwriters < 2)
 		return b ? 0 : -1;
 	pthread_mutex_lock(&b->block);
-	for (bound *e = b->buckets[h % BOUND_BUCKETS]; e && w < 0; e = e->next)
-		if (e->hash == h && strcmp(e->scope, scope) == 0)
-			w = e->writer;
+	e = find_bound(b, scope, scope_hash(scope));
+	w = e ? e->writer : -1;
 	pthread_mutex_unlock(&b->block);
 	return w;
 }

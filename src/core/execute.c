@@ -37,6 +37,16 @@ static void deadline_end(int own)
 		idem__backend_deadline_set(0);
 }
 
+/* An answer given on the calling thread (a duplicate, an error): counted, then done. */
+static void answer_now(idem_store *store, const idem_request *req, int rc, idem_result *res,
+                       idem_done_fn done, void *done_ctx)
+{
+	if (rc > 0)
+		rc = 0;
+	idem__count(store, req->business_type, rc, res);
+	done(done_ctx, rc, res);
+}
+
 int idem_execute(idem_result *out, idem_store *store, const idem_request *req, idem_work_fn work,
                  void *ctx)
 {
@@ -107,10 +117,7 @@ void idem_execute_async(idem_store *store, const idem_request *req, idem_work_fn
 		return; /* the writer answers after its COMMIT */
 answer:
 	deadline_end(own_deadline);
-	if (rc > 0)
-		rc = 0;
-	idem__count(store, req->business_type, rc, &res);
-	done(done_ctx, rc, &res);
+	answer_now(store, req, rc, &res, done, done_ctx);
 }
 
 /*
@@ -130,19 +137,14 @@ int idem_execute_async_nowait(idem_store *store, const idem_request *req, idem_w
 	if (!store || !req || !work || !done || !store->batch || !store->cache ||
 	    idem__miss_read_pays(store) || idem__request_key(&k, req) < 0)
 		return IDEM_EWOULDBLOCK; /* idem_execute_async answers these */
-	own_deadline = deadline_begin(store);
 	rc = idem__cache_get(store->cache, &k, req->fingerprint, idem_store_now(store), &res);
 	if (rc == 0) {
+		own_deadline = deadline_begin(store); /* the unit takes it along */
 		rc = idem__batch_submit(store->batch, req, work, ctx, done, done_ctx, 1);
 		deadline_end(own_deadline);
 		if (rc == 0)
 			return 0; /* the writer answers after its COMMIT */
-	} else {
-		deadline_end(own_deadline);
 	}
-	if (rc > 0)
-		rc = 0;
-	idem__count(store, req->business_type, rc, &res);
-	done(done_ctx, rc, &res);
+	answer_now(store, req, rc, &res, done, done_ctx);
 	return 0;
 }

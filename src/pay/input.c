@@ -208,7 +208,6 @@ int pay__valid_channel_name(const char *s)
 int pay__new_id(char out[IDEM_PAY_ID_SIZE], const char *prefix, int shard)
 {
 	size_t n = strlen(prefix);
-
 	uint64_t ms = (uint64_t)idem__clock_realtime_ms(NULL) & 0xffffffffffffULL;
 
 	memcpy(out, prefix, n);

@@ -160,13 +160,18 @@ pay__op *pay__op_new(idem_pay *pay, const idem_pay_request *rq, idem_done_fn don
 	return op;
 }
 
-int pay__op_drop(pay__op *op)
+static void op_free(pay__op *op)
 {
 	if (op->prep_free)
 		op->prep_free(op->prep);
 	idem_result_clear(&op->res);
 	json_decref(op->doc);
 	free(op);
+}
+
+int pay__op_drop(pay__op *op)
+{
+	op_free(op);
 	return IDEM_EWOULDBLOCK;
 }
 
@@ -175,11 +180,7 @@ void pay__finish(pay__op *op, int rc)
 	if (rc > 0)
 		rc = 0;
 	op->done(op->done_ctx, rc, &op->res);
-	if (op->prep_free)
-		op->prep_free(op->prep);
-	idem_result_clear(&op->res);
-	json_decref(op->doc);
-	free(op);
+	op_free(op);
 }
 
 /* Give duplicates their problem bodies; mark backstop replays. */

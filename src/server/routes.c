@@ -150,17 +150,17 @@ static int f_refund(server_state *s, http_req *r, route_match *m, http_answer *a
 /*
  * The payment started on the event thread (idem_pay_create_payment_nowait):
  * 1 when it started, its answer to come through http_write_done, as
- * do_write's; 0 when it would wait, nothing done.
+ * do_write's; 0 when it would wait, nothing done. Only after
+ * f_create_payment said 0, which it says only with r's write request made
+ * (write_request): that request is the one started.
  */
 static int s_create_payment(server_state *s, http_req *r, route_match *m)
 {
-	idem_pay_request *rq = NULL;
-	http_answer a = {0};
+	char *key, *path;
+	size_t key_size, path_size;
+	idem_pay_request *rq = req_write(r, &key, &key_size, &path, &path_size);
 
-	if (write_request(r, "/v1/payments", m->merchant, &a, &rq) < 0) {
-		free(a.body); /* fast_write answered this one already */
-		return 0;
-	}
+	(void)m;
 	return idem_pay_create_payment_nowait(s->pay, rq, http_write_done, r) == 0;
 }
 

@@ -5,6 +5,7 @@ import datetime
 import os
 import re
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
@@ -47,6 +48,22 @@ class Payments(harness.TestCase):
         tails = [i[len("pay_"):] for i in ids]
         self.assertGreaterEqual(min(len(t) for t in tails), 12, ids)
         self.assertFalse(all(t.isdigit() for t in tails), ids)
+
+    def test_ids_sort_in_creation_order(self):
+        """32 hex digits: 12 of the creation millisecond, then 20 random
+        (docs/api-notes.md), so ids made apart in time sort in that order
+        and new rows share the last leaf of the id index."""
+        m = self.merchant()
+        ids = []
+        for _ in range(4):
+            ids.append(m.create_payment(self.ch.name)["id"])
+            time.sleep(0.003)
+        for i in ids:
+            self.assertRegex(i, r"^pay_[0-9a-f]{32}$")
+        self.assertEqual(ids, sorted(ids), "ids out of creation order")
+        self.assertEqual(len({i[len("pay_") + 12:] for i in ids}), 4, "random parts repeat")
+        made = int(ids[0][len("pay_"):len("pay_") + 12], 16) / 1000.0
+        self.assertLess(abs(made - time.time()), 60, "the time part is not the clock")
 
     def test_replay_is_byte_identical_with_header(self):
         m = self.merchant()
